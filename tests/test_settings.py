@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from code_sandbox.settings import Settings, SettingsError, load_settings
+
+CLI = str(Path(sys.executable).parent / "code-sandbox")
+
+
+def test_defaults_match_the_documented_values() -> None:
+    settings = load_settings({})
+    assert settings == Settings(
+        max_lifetime=600,
+        idle_timeout=180,
+        max_sessions=3,
+        default_timeout=30,
+        max_timeout=120,
+        audit_enabled=True,
+        audit_log=None,
+        profile=None,
+    )
+
+
+@pytest.mark.parametrize("raw", ["0", "21", "abc", "1e3", "+5", " 5", "5 ", "٣", "", "-1", "3.0", "1_0"])
+def test_max_sessions_outside_ascii_digits_in_range_is_refused(raw: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"CODE_SANDBOX_MAX_SESSIONS": raw})
+    assert caught.value.variable == "CODE_SANDBOX_MAX_SESSIONS"
+
+
+@pytest.mark.parametrize(
+    ("environ", "variable"),
+    [
+        ({"CODE_SANDBOX_DEFAULT_TIMEOUT": "60", "CODE_SANDBOX_MAX_TIMEOUT": "30"}, "CODE_SANDBOX_DEFAULT_TIMEOUT"),
+        ({"CODE_SANDBOX_IDLE_TIMEOUT": "700", "CODE_SANDBOX_MAX_LIFETIME": "600"}, "CODE_SANDBOX_IDLE_TIMEOUT"),
+        (
+            {"CODE_SANDBOX_MAX_TIMEOUT": "120", "CODE_SANDBOX_MAX_LIFETIME": "120", "CODE_SANDBOX_IDLE_TIMEOUT": "60"},
+            "CODE_SANDBOX_MAX_TIMEOUT",
+        ),
+        ({"CODE_SANDBOX_AUDIT_ENABLED": "True"}, "CODE_SANDBOX_AUDIT_ENABLED"),
+        ({"CODE_SANDBOX_AUDIT_ENABLED": "1"}, "CODE_SANDBOX_AUDIT_ENABLED"),
+        ({"CODE_SANDBOX_AUDIT_LOG": ""}, "CODE_SANDBOX_AUDIT_LOG"),
+        ({"CODE_SANDBOX_MAX_LIFETIME": "29"}, "CODE_SANDBOX_MAX_LIFETIME"),
+        ({"CODE_SANDBOX_MAX_LIFETIME": "3601"}, "CODE_SANDBOX_MAX_LIFETIME"),
+    ],
+)
+def test_invalid_values_and_failed_cross_checks_name_the_variable(environ: dict[str, str], variable: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(environ)
+    assert caught.value.variable == variable
+
+
+def test_bounds_are_inclusive() -> None:
+    settings = load_settings(
+        {
+            "CODE_SANDBOX_MAX_LIFETIME": "3600",
+            "CODE_SANDBOX_IDLE_TIMEOUT": "10",
+            "CODE_SANDBOX_MAX_SESSIONS": "20",
+            "CODE_SANDBOX_DEFAULT_TIMEOUT": "1",
+            "CODE_SANDBOX_MAX_TIMEOUT": "300",
+            "CODE_SANDBOX_AUDIT_ENABLED": "false",
+            "CODE_SANDBOX_AUDIT_LOG": "/var/log/sandbox.jsonl",
+        }
+    )
+    assert (settings.max_lifetime, settings.max_sessions, settings.max_timeout) == (3600, 20, 300)
+    assert settings.audit_enabled is False
+    assert settings.audit_log == Path("/var/log/sandbox.jsonl")
+
+
+def _serve(extra_env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODE_SANDBOX_")} | extra_env
+    with subprocess.Popen(
+        [CLI, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    ) as proc:
+        stdout, stderr = proc.communicate(timeout=30)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize(
+    "extra_env",
+    [
+        {"CODE_SANDBOX_MAX_SESSIONS": "0"},
+        {"CODE_SANDBOX_MAX_SESSIONS": "abc"},
+        {"CODE_SANDBOX_MAX_SESSIONS": "1e3"},
+        {"CODE_SANDBOX_MAX_SESSIONS": "+5"},
+        {"CODE_SANDBOX_DEFAULT_TIMEOUT": "100", "CODE_SANDBOX_MAX_TIMEOUT": "50"},
+    ],
+    ids=["zero", "abc", "1e3", "plus5", "default-above-max"],
+)
+def test_serve_with_an_invalid_setting_exits_2_with_one_stderr_line_and_no_stdout(extra_env: dict[str, str]) -> None:
+    result = _serve(extra_env)
+    assert result.returncode == 2
+    assert result.stdout == b""
+    lines = result.stderr.decode().splitlines()
+    assert len(lines) == 1
+    variable = next(iter(extra_env)) if len(extra_env) == 1 else "CODE_SANDBOX_DEFAULT_TIMEOUT"
+    assert variable in lines[0]
+    assert "Traceback" not in lines[0]
