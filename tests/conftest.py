@@ -58,3 +58,8 @@ def cleanup_managed(engine: DockerEngine) -> Iterator[None]:
     """Remove every managed container a test leaves behind, even when it fails."""
     yield
     _remove_labelled(engine, LABEL_MANAGED)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

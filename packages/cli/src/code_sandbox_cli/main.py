@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -11,8 +12,10 @@ from typing import Annotated, NoReturn
 import typer
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
+from code_sandbox.hardening import LABEL_PROFILE
 from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
+from code_sandbox.sessions import LABEL_SESSION, survey_managed
 from code_sandbox.settings import Settings, load_settings
 
 app = typer.Typer(
@@ -145,8 +148,52 @@ def verify_image_command() -> None:
 @app.command()
 def reap(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed; remove nothing.")] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Remove every managed container, live sessions of running servers too.")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm --all without a prompt.")] = False,
 ) -> None:
-    """List managed sandbox containers and remove the stopped and expired ones."""
-    _settings()
-    typer.echo("code-sandbox: reap is not available yet", err=True)
-    raise typer.Exit(2 if not dry_run else 2)
+    """List managed sandbox containers and remove the stopped and expired ones (exit 1 if a removal failed)."""
+    settings = _settings()
+    if all_ and not yes and not dry_run:
+        typer.echo("code-sandbox: --all removes live sandboxes too (fix: add --yes to confirm)", err=True)
+        raise typer.Exit(2)
+    engine = DockerEngine()
+    try:
+        verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime)
+        now = time.time()
+        typer.echo(f"{'SESSION':<16}  {'PROFILE':<20}  {'AGE':>7}  {'EXPIRES IN':>10}  {'STATE':<8}  ACTION")
+        failures = 0
+        for verdict in verdicts:
+            container = verdict.container
+            remove = verdict.remove or all_
+            action = ("would remove" if dry_run else "removed") if remove else "kept"
+            if remove and not dry_run:
+                try:
+                    engine.remove_container(container.id)
+                except SandboxError:
+                    action, failures = "REMOVAL FAILED", failures + 1
+            age = _duration(now - container.created) if container.created is not None else "?"
+            expires = _duration(verdict.expires_at - now) if verdict.expires_at is not None else "?"
+            typer.echo(
+                f"{container.labels.get(LABEL_SESSION, '?')[:16]:<16}  "
+                f"{container.labels.get(LABEL_PROFILE, '?')[:20]:<20}  {age:>7}  {expires:>10}  "
+                f"{container.state[:8]:<8}  {action} ({verdict.reason if not all_ else 'all'})"
+            )
+    except SandboxError as error:
+        fail(error)
+    finally:
+        engine.close()
+    typer.echo(f"{len(verdicts)} managed container(s)")
+    if failures:
+        typer.echo(
+            f"code-sandbox: {failures} removal(s) failed (fix: check `docker info`, then run reap again)", err=True
+        )
+        raise typer.Exit(1)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 0:
+        return "past"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 600 else f"{minutes // 60}h"

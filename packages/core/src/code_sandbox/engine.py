@@ -209,12 +209,13 @@ class DockerEngine:
             size=int(data.get("Size") or 0),
         )
 
-    def remove_image(self, reference: str) -> None:
+    def untag_image(self, tag: str) -> None:
+        """Remove one tag; the image itself stays while another tag or a container refers to it."""
         with (
-            _translate(ErrorCode.IMAGE_INVALID, "the Docker engine could not remove the image"),
+            _translate(ErrorCode.IMAGE_INVALID, "the Docker engine could not untag the image"),
             contextlib.suppress(docker.errors.ImageNotFound),
         ):
-            self.api().remove_image(reference, force=True)
+            self.api().remove_image(tag, force=False, noprune=True)
 
     def tag_image(self, image_id: str, tag: str) -> None:
         """Point ``tag`` (``repository:tag``) at an existing local image."""
@@ -343,7 +344,9 @@ class DockerEngine:
                         if member.issym() or member.islnk()
                         else "other"
                     )
-                    yield FileEntry("/" + member.name.lstrip("./"), kind, member.mode, member.uid, digest)
+                    yield FileEntry(
+                        "/" + member.name.removeprefix("./").lstrip("/"), kind, member.mode & 0o7777, member.uid, digest
+                    )
 
     # -- exec ---------------------------------------------------------------------------------------------------
 
@@ -404,8 +407,11 @@ class DockerEngine:
                     raw.shutdown(socket.SHUT_WR)
             stdout, stderr = _read_frames(raw, deadline, max_stdout, max_stderr, on_stderr)
         finally:
+            # SocketIO.close() leaves the socket it wraps open; close both.
             with contextlib.suppress(OSError):
                 attached.close()
+            with contextlib.suppress(OSError):
+                raw.close()
         exit_code = self._exec_exit_code(exec_id, deadline)
         return ExecResult(exit_code=exit_code, stdout=stdout, stderr=stderr)
 

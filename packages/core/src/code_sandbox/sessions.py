@@ -1,0 +1,308 @@
+"""Session lifecycle: the registry, leases, expiry, the reaper, removal retries, the start-up sweep and shutdown.
+
+A session is one hardened container, known to clients only by a random token. The container ID stays in here
+and in the engine. A session is forgotten only once Docker confirms its container is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from code_sandbox.engine import ContainerFacts, DockerEngine
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hardening import (
+    LABEL_EXPIRES_AT,
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    LABEL_PREFIX,
+    LABEL_PROFILE,
+    ContainerRequest,
+)
+from code_sandbox.image import verify_image
+from code_sandbox.plugins import Profile
+from code_sandbox.settings import Settings
+
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+LABEL_SESSION = LABEL_PREFIX + "session"
+WATCHDOG_GRACE_SECONDS = 2
+"""The container outlives the host-side deadline by this much, so the host always expires a session first."""
+REAPER_INTERVAL_SECONDS = 2.0
+SHUTDOWN_SECONDS = 8.0
+
+
+def session_hash(session_id: str) -> str:
+    """A stable, non-reversible name for a session in logs, labels and the audit log."""
+    return hashlib.sha256(session_id.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Session:
+    """One live sandbox. ``container_id`` never leaves core."""
+
+    id: str
+    container_id: str
+    expires_at: float  # epoch seconds, the host-side hard deadline
+    deadline: float  # the same instant on the monotonic clock
+    last_used: float  # monotonic
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    state: Literal["active", "destroying"] = "active"
+
+    @property
+    def hash(self) -> str:
+        return session_hash(self.id)
+
+
+class SessionManager:
+    """Owns every session of this server process."""
+
+    def __init__(self, engine: DockerEngine, profile: Profile, settings: Settings) -> None:
+        self.engine = engine
+        self.profile = profile
+        self.settings = settings
+        self.owner = secrets.token_hex(8)  # this server instance; labels its containers
+        self._sessions: dict[str, Session] = {}
+        self._verified_image: str | None = None
+        self._image_lock = anyio.Lock()
+
+    # -- lookup -------------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _find(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SandboxError(
+                ErrorCode.INVALID_SESSION, "no such sandbox; it was destroyed, expired, or never existed"
+            )
+        if session.state == "destroying":
+            raise SandboxError(ErrorCode.INVALID_SESSION, "this sandbox has been destroyed")
+        return session
+
+    def _expired(self, session: Session, now: float) -> bool:
+        return now >= session.deadline or now - session.last_used >= self.settings.idle_timeout
+
+    @contextlib.asynccontextmanager
+    async def lease(self, session_id: str) -> AsyncGenerator[Session]:
+        """Hold a session exclusively for one operation; expired sessions are destroyed and refused."""
+        session = self._find(session_id)
+        async with session.lock:
+            session = self._find(session_id)  # it may have been destroyed while we waited
+            if self._expired(session, time.monotonic()):
+                await self._destroy_quietly(session)
+                raise SandboxError(ErrorCode.SESSION_EXPIRED, "this sandbox expired and has been destroyed")
+            session.last_used = time.monotonic()
+            try:
+                yield session
+            finally:
+                session.last_used = time.monotonic()
+
+    # -- create -------------------------------------------------------------------------------------------------
+
+    async def create(self) -> Session:
+        """Start a new sandbox container from the verified image."""
+        if len(self._sessions) >= self.settings.max_sessions:
+            raise SandboxError(
+                ErrorCode.SESSION_LIMIT_EXCEEDED,
+                f"at most {self.settings.max_sessions} sandboxes may exist at once; destroy one first",
+            )
+        image_id = await self._verified_image_id()
+        session_id = secrets.token_urlsafe(32)
+        lifetime = self.settings.max_lifetime
+        hard_deadline = int(time.time()) + lifetime + WATCHDOG_GRACE_SECONDS
+        request = ContainerRequest(
+            image_id=image_id,
+            command=[*self.profile.helper_argv("watchdog"), str(lifetime + WATCHDOG_GRACE_SECONDS)],
+            labels={
+                LABEL_MANAGED: "true",
+                LABEL_OWNER: self.owner,
+                LABEL_PROFILE: self.profile.name,
+                LABEL_EXPIRES_AT: str(hard_deadline),
+                LABEL_SESSION: session_hash(session_id),
+            },
+            apparmor=(await self._run(self.engine.daemon_facts)).apparmor,
+        )
+        # Reserve the slot before the slow create so concurrent calls cannot exceed the cap.
+        placeholder = Session(session_id, "", 0.0, 0.0, time.monotonic())
+        placeholder.state = "destroying"
+        self._sessions[session_id] = placeholder
+        try:
+            container_id = await self._run(self.engine.create_container, request)
+        except BaseException:
+            del self._sessions[session_id]
+            raise
+        now_wall, now = time.time(), time.monotonic()
+        session = Session(session_id, container_id, now_wall + lifetime, now + lifetime, now)
+        self._sessions[session_id] = session
+        logger.info("session %s created", session.hash)
+        return session
+
+    async def _verified_image_id(self) -> str:
+        """Resolve the allowlisted tag to its immutable ID; verify each new ID once, like ``verify-image``."""
+        spec = self.profile.image_spec()
+        facts = await self._run(self.engine.image_facts, spec.tag)
+        if facts is None:
+            raise _image_invalid()
+        async with self._image_lock:
+            if self._verified_image != facts.id:
+                report = await self._run(verify_image, self.engine, self.profile)
+                if not report.passed or report.image is None or report.image.id != facts.id:
+                    raise _image_invalid()
+                self._verified_image = facts.id
+        return facts.id
+
+    # -- destroy ------------------------------------------------------------------------------------------------
+
+    async def destroy(self, session_id: str) -> bool:
+        """Remove a session's container. Idempotent: ``False`` when there was no such live session.
+
+        A failed removal keeps the session (state ``destroying``) so that the reaper and later calls retry it.
+        """
+        session = self._sessions.get(session_id)
+        if session is None or not session.container_id:
+            return False
+        was_live = session.state == "active"
+        await self._remove(session)
+        return was_live
+
+    async def _remove(self, session: Session) -> None:
+        session.state = "destroying"
+        try:
+            await self._run(self.engine.remove_container, session.container_id)
+        except SandboxError as error:
+            logger.warning("session %s: container removal failed (%s); will retry", session.hash, error.code)
+            raise SandboxError(
+                ErrorCode.CONTAINER_REMOVAL_FAILED,
+                "the sandbox could not be removed yet; it is disabled and removal will be retried",
+            ) from None
+        self._sessions.pop(session.id, None)
+        logger.info("session %s destroyed", session.hash)
+
+    async def _destroy_quietly(self, session: Session) -> None:
+        with contextlib.suppress(SandboxError):
+            await self._remove(session)
+
+    async def fail_closed(self, session: Session) -> None:
+        """Destroy a session whose state can no longer be trusted (a broken transfer, an integrity violation)."""
+        await self._destroy_quietly(session)
+
+    # -- background work ----------------------------------------------------------------------------------------
+
+    async def reap_once(self) -> int:
+        """Destroy expired and idle sessions and retry failed removals. Returns how many were removed."""
+        now = time.monotonic()
+        removed = 0
+        for session in list(self._sessions.values()):
+            if not session.container_id:
+                continue  # still being created
+            if session.state == "destroying" or (self._expired(session, now) and not session.lock.locked()):
+                with contextlib.suppress(SandboxError):
+                    await self._remove(session)
+                    removed += 1
+        return removed
+
+    async def run_reaper(self, interval: float = REAPER_INTERVAL_SECONDS) -> None:
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await self.reap_once()
+            except Exception:  # the reaper must survive anything, e.g. the daemon going away
+                logger.warning("the session reaper failed a pass; it will try again")
+
+    async def shutdown(self) -> None:
+        """Remove every session of this server, bounded in time."""
+        with anyio.move_on_after(SHUTDOWN_SECONDS, shield=True):
+            async with anyio.create_task_group() as group:
+                for session in list(self._sessions.values()):
+                    if session.container_id:
+                        group.start_soon(self._destroy_quietly, session)
+
+    def remove_all_now(self) -> None:
+        """Synchronous last resort for interpreter exit: remove what is left, ignoring failures."""
+        for session in list(self._sessions.values()):
+            if session.container_id:
+                with contextlib.suppress(Exception):
+                    self.engine.remove_container(session.container_id)
+                    self._sessions.pop(session.id, None)
+
+    async def _run(self, function: Callable[..., _T], *args: object) -> _T:
+        return await anyio.to_thread.run_sync(function, *args)
+
+
+def _image_invalid() -> SandboxError:
+    return SandboxError(
+        ErrorCode.IMAGE_INVALID,
+        "the sandbox image is missing or failed verification",
+        hint="run `code-sandbox build-image --offline`, then `code-sandbox verify-image`",
+    )
+
+
+# -- start-up sweep and `reap` ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the sweep decided about one managed container, and why."""
+
+    container: ContainerFacts
+    remove: bool
+    reason: str
+    expires_at: int | None
+
+
+def judge_container(container: ContainerFacts, *, max_lifetime: int, now: float) -> Verdict:
+    """Decide whether a managed container is garbage.
+
+    Stopped -> remove. Past ``expires-at`` -> remove. Running and unexpired -> keep (it may be another client's
+    live session). No valid ``expires-at``: remove only when Docker's creation time is older than the maximum
+    lifetime; keep it when the creation time is unknown.
+    """
+    raw = container.labels.get(LABEL_EXPIRES_AT, "")
+    expires_at = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 12 else None
+    if container.state != "running":
+        return Verdict(container, True, "stopped", expires_at)
+    if expires_at is not None:
+        if expires_at <= now:
+            return Verdict(container, True, "expired", expires_at)
+        return Verdict(container, False, "live", expires_at)
+    if container.created is None:
+        return Verdict(container, False, "no expiry label and unknown creation time; kept for inspection", None)
+    if now - container.created > max_lifetime:
+        return Verdict(container, True, "no expiry label and older than the maximum lifetime", None)
+    return Verdict(container, False, "no expiry label, younger than the maximum lifetime", None)
+
+
+def survey_managed(engine: DockerEngine, *, max_lifetime: int) -> list[Verdict]:
+    """Judge every managed container on this Docker engine."""
+    now = time.time()
+    return [
+        judge_container(container, max_lifetime=max_lifetime, now=now)
+        for container in engine.list_containers(f"{LABEL_MANAGED}=true")
+    ]
+
+
+def sweep_managed(engine: DockerEngine, *, max_lifetime: int) -> tuple[list[Verdict], int]:
+    """Remove the stopped and expired managed containers. Returns the verdicts and the number of failed removals."""
+    verdicts = survey_managed(engine, max_lifetime=max_lifetime)
+    failures = 0
+    for verdict in verdicts:
+        if verdict.remove:
+            try:
+                engine.remove_container(verdict.container.id)
+            except SandboxError:
+                failures += 1
+        elif verdict.expires_at is None:
+            logger.warning("kept a managed sandbox container: %s", verdict.reason)
+    return verdicts, failures

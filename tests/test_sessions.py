@@ -1,0 +1,329 @@
+"""The session engine against a real Docker engine: hardening, lifecycle, expiry, retries, sweep and reap."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+import anyio
+import pytest
+from code_sandbox.engine import ContainerFacts, DockerEngine
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, SANDBOX_USER, ContainerRequest
+from code_sandbox.plugins import Profile
+from code_sandbox.sessions import Session, SessionManager, judge_container, sweep_managed
+from code_sandbox.settings import Settings
+from code_sandbox_cli.main import app
+from typer.testing import CliRunner
+
+from tests.conftest import TEST_LABEL
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(max_lifetime=60, idle_timeout=30, max_sessions=2, default_timeout=5, max_timeout=20)
+
+
+@pytest.fixture
+def manager(engine: DockerEngine, profile: Profile, settings: Settings, image_id: str) -> SessionManager:
+    del image_id  # the fixture guarantees a verified image
+    return SessionManager(engine, profile, settings)
+
+
+def _node(engine: DockerEngine, session: Session, script: str, timeout: float = 30) -> bytes:
+    argv = ["/usr/local/bin/node", "-e", script]
+    result = engine.exec(session.container_id, argv, user=SANDBOX_USER, timeout=timeout, max_stdout=MiB)
+    assert result.exit_code == 0, result.stderr
+    return result.stdout
+
+
+async def test_container_settings_match_the_hardening_snapshot(
+    manager: SessionManager, engine: DockerEngine, image_id: str
+) -> None:
+    session = await manager.create()
+    inspect = engine.inspect_container_raw(session.container_id)
+    host: dict[str, Any] = inspect["HostConfig"]
+    config: dict[str, Any] = inspect["Config"]
+    expected_host: dict[str, object] = {
+        "NetworkMode": "none",
+        "ReadonlyRootfs": True,
+        "CapDrop": ["ALL"],
+        "Privileged": False,
+        "SecurityOpt": ["no-new-privileges:true"],
+        "Memory": 512 * MiB,
+        "MemorySwap": 512 * MiB,
+        "NanoCpus": 1_000_000_000,
+        "PidsLimit": 128,
+        "Init": True,
+        "Ulimits": [{"Name": "core", "Hard": 0, "Soft": 0}, {"Name": "nofile", "Hard": 1024, "Soft": 1024}],
+        "Tmpfs": {
+            "/workspace": f"rw,noexec,nosuid,nodev,size={64 * MiB},mode=0700,uid=65532,gid=65532",
+            "/tmp": f"rw,noexec,nosuid,nodev,size={64 * MiB},mode=0700,uid=65532,gid=65532",
+        },
+        "LogConfig": {"Type": "none", "Config": {}},
+        "AutoRemove": True,
+        "PidMode": "",
+        "IpcMode": "private",
+        "UTSMode": "",
+        "UsernsMode": "",
+        "CgroupnsMode": "private",
+    }
+    for key, value in expected_host.items():
+        assert host.get(key) == value, key
+    # Daemons report "none" as null or as an empty list/map depending on their version; both mean none.
+    empty = ("PortBindings", "Dns", "DnsOptions", "DnsSearch", "ExtraHosts", "Binds", "Mounts", "VolumesFrom",
+             "Devices", "DeviceRequests", "DeviceCgroupRules", "GroupAdd", "CapAdd", "Links", "Sysctls")  # fmt: skip
+    for key in empty:
+        assert not host.get(key), key
+    if engine.daemon_facts().apparmor:
+        pytest.fail("this engine reports AppArmor: expected apparmor=docker-default in SecurityOpt")
+    assert config["Image"] == image_id
+    assert config["User"] == "65533:65533"
+    assert config["Hostname"] == "sandbox"
+    assert config["NetworkDisabled"] is True
+    assert not config.get("ExposedPorts")
+    assert not config.get("Volumes")
+    assert sorted(config["Env"]) == ["HOME=/workspace", "LANG=C.UTF-8", "PATH=/usr/local/bin", "TMPDIR=/tmp"]
+    assert config["Cmd"] == ["/usr/local/bin/node", "/opt/sandbox/watchdog.mjs", "62"]
+    labels = config["Labels"]
+    assert labels["io.code-sandbox.managed"] == "true"
+    assert labels["io.code-sandbox.profile"] == "javascript-offline"
+    assert labels["io.code-sandbox.owner"] == manager.owner
+    assert abs(int(labels[LABEL_EXPIRES_AT]) - (time.time() + 62)) < 5
+    assert session.container_id not in session.id and len(session.id) >= 43
+
+
+async def test_every_process_runs_without_capabilities_and_with_no_new_privs(
+    manager: SessionManager, engine: DockerEngine
+) -> None:
+    session = await manager.create()
+    script = (
+        "const fs=require('fs');const out=[];for(const p of fs.readdirSync('/proc')){if(!/^\\d+$/.test(p))continue;"
+        "try{const s=fs.readFileSync(`/proc/${p}/status`,'utf8');out.push([s.match(/CapEff:\\s*(\\w+)/)[1],"
+        "s.match(/NoNewPrivs:\\s*(\\d)/)[1],s.match(/Seccomp:\\s*(\\d)/)[1]])}catch{}}console.log(JSON.stringify(out))"
+    )
+    rows = json.loads(_node(engine, session, script))
+    assert len(rows) >= 3  # init, watchdog, this exec
+    assert all(row == ["0000000000000000", "1", "2"] for row in rows), rows
+
+
+async def test_session_cap_is_enforced_and_destroy_is_idempotent(manager: SessionManager) -> None:
+    first = await manager.create()
+    await manager.create()
+    with pytest.raises(SandboxError) as caught:
+        await manager.create()
+    assert caught.value.code == ErrorCode.SESSION_LIMIT_EXCEEDED
+    assert await manager.destroy(first.id) is True
+    assert await manager.destroy(first.id) is False
+    assert await manager.destroy("never-existed") is False
+    await manager.create()  # the slot is free again
+
+
+async def test_an_idle_session_expires_and_its_container_goes(
+    manager: SessionManager, engine: DockerEngine, settings: Settings
+) -> None:
+    manager.settings = replace(settings, idle_timeout=1)
+    session = await manager.create()
+    await anyio.sleep(1.2)
+    with pytest.raises(SandboxError) as caught:
+        async with manager.lease(session.id):
+            pass
+    assert caught.value.code == ErrorCode.SESSION_EXPIRED
+    assert engine.container_facts(session.container_id) is None
+    with pytest.raises(SandboxError) as again:
+        async with manager.lease(session.id):
+            pass
+    assert again.value.code == ErrorCode.INVALID_SESSION
+
+
+async def test_the_reaper_removes_expired_sessions(
+    manager: SessionManager, engine: DockerEngine, settings: Settings
+) -> None:
+    manager.settings = replace(settings, idle_timeout=1)
+    session = await manager.create()
+    await anyio.sleep(1.1)
+    assert await manager.reap_once() == 1
+    assert len(manager) == 0
+    assert engine.container_facts(session.container_id) is None
+
+
+class FlakyRemoval:
+    """Wraps the real engine; removal fails on demand (Docker cannot be made to fail one removal)."""
+
+    def __init__(self, engine: DockerEngine, failures: int) -> None:
+        self._engine = engine
+        self.failures = failures
+        self.attempts = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def remove_container(self, container_id: str) -> bool:
+        self.attempts += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise SandboxError(ErrorCode.CONTAINER_REMOVAL_FAILED, "injected")
+        return self._engine.remove_container(container_id)
+
+
+async def test_a_failed_removal_is_kept_and_retried_by_destroy_and_by_the_reaper(
+    manager: SessionManager, engine: DockerEngine
+) -> None:
+    flaky = FlakyRemoval(engine, failures=0)
+    manager.engine = flaky  # type: ignore[assignment]
+    session = await manager.create()
+    flaky.failures, flaky.attempts = 2, 0
+    with pytest.raises(SandboxError) as caught:
+        await manager.destroy(session.id)
+    assert caught.value.code == ErrorCode.CONTAINER_REMOVAL_FAILED
+    assert len(manager) == 1  # not forgotten
+    with pytest.raises(SandboxError) as refused:
+        async with manager.lease(session.id):
+            pass
+    assert refused.value.code == ErrorCode.INVALID_SESSION  # disabled while destroying
+    assert await manager.reap_once() == 0  # the reaper retried and failed again
+    assert flaky.attempts == 2 and len(manager) == 1
+    assert engine.container_facts(session.container_id) is not None
+    assert await manager.destroy(session.id) is False  # a second destroy retries and now succeeds
+    assert flaky.attempts == 3 and len(manager) == 0
+    assert engine.container_facts(session.container_id) is None
+
+
+async def test_shutdown_removes_every_session(manager: SessionManager, engine: DockerEngine) -> None:
+    sessions = [await manager.create(), await manager.create()]
+    await manager.shutdown()
+    assert len(manager) == 0
+    assert all(engine.container_facts(s.container_id) is None for s in sessions)
+
+
+async def test_a_blocked_call_in_one_session_does_not_delay_another(
+    manager: SessionManager, engine: DockerEngine
+) -> None:
+    busy, other = await manager.create(), await manager.create()
+
+    async def quick_call() -> float:
+        started = time.monotonic()
+        async with manager.lease(other.id) as session:
+            await anyio.to_thread.run_sync(_node, engine, session, "0")
+        return time.monotonic() - started
+
+    baseline = min([await quick_call() for _ in range(3)])
+
+    async def long_call() -> None:
+        async with manager.lease(busy.id) as session:
+            await anyio.to_thread.run_sync(_node, engine, session, "const t=Date.now();while(Date.now()-t<3000){}")
+
+    during = float("inf")
+    async with anyio.create_task_group() as group:
+        group.start_soon(long_call)
+        await anyio.sleep(0.5)
+        during = min([await quick_call() for _ in range(3)])
+    assert during - baseline < 0.2, (baseline, during)
+
+
+def _managed_container(engine: DockerEngine, image_id: str, labels: dict[str, str], *, start: bool = True) -> str:
+    request = ContainerRequest(
+        image_id=image_id,
+        command=["/usr/local/bin/node", "/opt/sandbox/watchdog.mjs", "120"],
+        labels={LABEL_MANAGED: "true", TEST_LABEL: "1", **labels},
+        apparmor=engine.daemon_facts().apparmor,
+    )
+    return engine.create_container(request, start=start)
+
+
+def test_sweep_removes_a_stopped_managed_container(engine: DockerEngine, image_id: str) -> None:
+    container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)}, start=False)
+    sweep_managed(engine, max_lifetime=600)
+    assert engine.container_facts(container) is None
+
+
+def test_sweep_removes_an_expired_running_container(engine: DockerEngine, image_id: str) -> None:
+    container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) - 1)})
+    sweep_managed(engine, max_lifetime=600)
+    assert engine.container_facts(container) is None
+
+
+def test_sweep_keeps_an_unexpired_running_container(engine: DockerEngine, image_id: str) -> None:
+    container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)})
+    sweep_managed(engine, max_lifetime=600)
+    assert engine.container_facts(container) is not None
+
+
+def test_sweep_removes_an_unlabelled_container_older_than_the_lifetime(engine: DockerEngine, image_id: str) -> None:
+    container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: "soon"})
+    time.sleep(1.1)
+    sweep_managed(engine, max_lifetime=1)
+    assert engine.container_facts(container) is None
+
+
+def test_sweep_keeps_an_unlabelled_container_younger_than_the_lifetime(engine: DockerEngine, image_id: str) -> None:
+    container = _managed_container(engine, image_id, {})
+    sweep_managed(engine, max_lifetime=600)
+    assert engine.container_facts(container) is not None
+
+
+def test_sweep_keeps_an_unlabelled_container_whose_creation_time_is_unknown() -> None:
+    # Docker always reports a creation time, so this branch is judged on facts it could not produce.
+    facts = ContainerFacts(id="x", labels={LABEL_MANAGED: "true"}, state="running", created=None)
+    verdict = judge_container(facts, max_lifetime=30, now=time.time())
+    assert verdict.remove is False
+
+
+def test_reap_dry_run_changes_nothing_and_reap_removes_only_the_expired(engine: DockerEngine, image_id: str) -> None:
+    expired = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) - 5)})
+    live = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)})
+    runner = CliRunner()
+    dry = runner.invoke(app, ["reap", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "would remove" in dry.output
+    assert engine.container_facts(expired) is not None and engine.container_facts(live) is not None
+    real = runner.invoke(app, ["reap"])
+    assert real.exit_code == 0, real.output
+    assert engine.container_facts(expired) is None
+    assert engine.container_facts(live) is not None
+    assert expired not in real.output and expired[:12] not in real.output
+
+
+_ORPHAN_SCRIPT = """
+import anyio, sys
+from code_sandbox.engine import DockerEngine
+from code_sandbox.plugins import create_plugin_manager, select_profile
+from code_sandbox.sessions import SessionManager
+from code_sandbox.settings import load_settings
+
+async def main():
+    manager = SessionManager(DockerEngine(), select_profile(create_plugin_manager(), None), load_settings())
+    await manager.create()
+    print("ready", flush=True)
+    await anyio.sleep(3600)
+
+anyio.run(main)
+"""
+
+
+def test_a_killed_server_leaves_a_container_that_removes_itself_within_the_lifetime(
+    engine: DockerEngine, image_id: str
+) -> None:
+    del image_id
+    env = {**os.environ, "CODE_SANDBOX_MAX_LIFETIME": "30", "CODE_SANDBOX_IDLE_TIMEOUT": "10",
+           "CODE_SANDBOX_MAX_TIMEOUT": "20", "CODE_SANDBOX_DEFAULT_TIMEOUT": "5"}  # fmt: skip
+    before = {c.id for c in engine.list_containers(f"{LABEL_MANAGED}=true")}
+    with subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT], stdout=subprocess.PIPE, env=env) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready"
+        orphans = {c.id for c in engine.list_containers(f"{LABEL_MANAGED}=true")} - before
+        assert len(orphans) == 1
+        proc.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    while engine.container_facts(next(iter(orphans))) is not None:
+        assert time.monotonic() - killed_at < 35, "the orphaned container outlived its lifetime"
+        time.sleep(0.5)
