@@ -72,7 +72,7 @@ async def test_container_settings_match_the_hardening_snapshot(
         "LogConfig": {"Type": "none", "Config": {}},
         "AutoRemove": True,
         "PidMode": "",
-        "IpcMode": "private",
+        "IpcMode": "none",
         "UTSMode": "",
         "UsernsMode": "",
         "CgroupnsMode": "private",

@@ -251,6 +251,7 @@ class DockerEngine:
                     auto_remove=start,
                     privileged=False,
                     cgroupns="private",
+                    ipc_mode="none",  # no /dev/shm: it would be writable memory outside the workspace quota
                 )
                 created = cast(
                     dict[str, Any],

@@ -1,0 +1,225 @@
+// Runner of the code-sandbox image: runs one user command in its own process group with byte caps on stdout
+// and stderr and a timeout, then kills every process the sandbox user has left behind.
+// Usage: node /opt/sandbox/runner.mjs <request-json>   or   node /opt/sandbox/runner.mjs --kill-all
+// stdout carries exactly one JSON answer line; stderr carries one JSON progress line per second of the run.
+// Exit 0 for every well-formed answer (refusals included); a nonzero exit is a bug.
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+// Nothing is inherited: the host's environment must never reach user code.
+const CHILD_ENV = Object.freeze({ PATH: '/usr/local/bin', HOME: '/workspace', TMPDIR: '/tmp', LANG: 'C.UTF-8' });
+const CLEANUP_GRACE_MS = 450; // the documented grace: after it, a process still alive means "cleanup failed"
+const CLEANUP_PAUSE_MS = 20;
+const DRAIN_MS = 100;
+const PROGRESS_MS = 1000;
+const MAX_CAP = 64 * 1024 * 1024;
+const MAX_TIMEOUT_MS = 86_400_000;
+const OOM_COUNTERS = ['/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control']; // v2, v1
+
+const MESSAGES = {
+  INVALID_REQUEST: 'the run request is malformed',
+  SPAWN_FAILED: 'the command could not be started',
+  RUNNING_AS_ROOT: 'the runner refuses to run as root',
+  INTERNAL_ERROR: 'the runner failed',
+};
+const refusal = (code) => ({ ok: false, code, message: MESSAGES[code] });
+
+function answer(obj) {
+  process.stdout.write(`${JSON.stringify(obj)}\n`, () => process.exit(0));
+}
+
+function parseRequest(text) {
+  let req;
+  try {
+    req = JSON.parse(text);
+  } catch {
+    return null;
+  }
+  const keys = ['argv', 'timeout_ms', 'stdout_cap', 'stderr_cap'];
+  const isObject = req !== null && typeof req === 'object' && !Array.isArray(req);
+  if (!isObject || Object.keys(req).length !== keys.length || !keys.every((k) => Object.hasOwn(req, k))) return null;
+  const { argv } = req;
+  const argvOk = Array.isArray(argv) && argv.length >= 1 && argv.length <= 256 && argv[0] !== '' &&
+    argv.every((a) => typeof a === 'string' && a.length <= 65536 && !a.includes('\0'));
+  const intIn = (n, lo, hi) => Number.isSafeInteger(n) && n >= lo && n <= hi;
+  const ok = argvOk && intIn(req.timeout_ms, 1, MAX_TIMEOUT_MS) && intIn(req.stdout_cap, 0, MAX_CAP) &&
+    intIn(req.stderr_cap, 0, MAX_CAP);
+  return ok ? req : null;
+}
+
+// The cgroup's OOM-kill counter, or null when this kernel/cgroup layout does not expose one.
+function readOomKills() {
+  for (const file of OOM_COUNTERS) {
+    try {
+      const match = /^oom_kill (\d+)$/m.exec(fs.readFileSync(file, 'latin1'));
+      if (match) return Number(match[1]);
+    } catch {
+      // try the other cgroup version
+    }
+  }
+  return null;
+}
+
+// Live processes with our real uid, except ourselves. Zombies are already dead; init reaps them.
+function sameUidPids() {
+  const uid = process.getuid();
+  const pids = [];
+  for (const name of fs.readdirSync('/proc')) {
+    if (!/^[0-9]+$/.test(name) || Number(name) === process.pid) continue;
+    let status;
+    try {
+      status = fs.readFileSync(`/proc/${name}/status`, 'latin1');
+    } catch {
+      continue; // exited while we scanned
+    }
+    const state = /^State:\s+(\S)/m.exec(status)?.[1];
+    if (Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]) === uid && state !== 'Z' && state !== 'X') pids.push(Number(name));
+  }
+  return pids;
+}
+
+// kill(-1) signals every process we may signal (all of our uid; never init, never the caller) in one step that
+// a concurrent fork cannot escape.
+function signalAll(signal) {
+  try {
+    process.kill(-1, signal);
+  } catch {
+    // ESRCH: nobody else is there
+  }
+}
+
+// Kills every other process of the sandbox user and proves it with /proc scans. Everyone is stopped first: a
+// stopped process can neither fork nor compete for the CPU, so the count stays exact and the scan quick even
+// right after a fork storm. Then they are killed, and we wait (re-killing anything seen) until a scan is clean.
+async function killLeftovers() {
+  signalAll('SIGSTOP');
+  const seen = new Set(sameUidPids());
+  signalAll('SIGKILL');
+  const deadline = performance.now() + CLEANUP_GRACE_MS;
+  for (;;) {
+    const alive = sameUidPids();
+    if (alive.length === 0) return { cleanup: 'ok', killed: seen.size };
+    if (performance.now() >= deadline) return { cleanup: 'failed', killed: seen.size };
+    for (const pid of alive) {
+      seen.add(pid);
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+    }
+    await sleep(CLEANUP_PAUSE_MS);
+  }
+}
+
+// Counts every byte but keeps only `cap`; crossing the cap calls onOverflow once. We keep reading (and
+// discarding) until the kill lands, so a flooding child can never stall the runner or fill the pipe.
+function capture(stream, cap, onOverflow) {
+  const c = { chunks: [], kept: 0, total: 0, truncated: false };
+  stream.on('data', (chunk) => {
+    c.total += chunk.length;
+    if (c.kept < cap) {
+      const part = chunk.subarray(0, cap - c.kept);
+      c.chunks.push(part);
+      c.kept += part.length;
+    }
+    if (c.total > cap && !c.truncated) {
+      c.truncated = true;
+      onOverflow();
+    }
+  });
+  stream.on('error', () => {}); // a broken pipe only ends the capture
+  return c;
+}
+
+const closed = (stream) => (stream.closed ? Promise.resolve() : new Promise((done) => stream.once('close', done)));
+
+async function run(req) {
+  const oomBefore = readOomKills();
+  const started = performance.now();
+  let child;
+  try {
+    // detached: the child leads a new process group (and session), so one kill reaches its whole group and
+    // never the runner.
+    child = spawn(req.argv[0], req.argv.slice(1), {
+      cwd: '/workspace', env: CHILD_ENV, stdio: ['ignore', 'pipe', 'pipe'], detached: true,
+    });
+  } catch {
+    return refusal('SPAWN_FAILED');
+  }
+  // Listen for the exit before anything can await, so it cannot be missed.
+  const exited = new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
+  const spawned = await new Promise((resolve) => {
+    child.once('spawn', () => resolve(true));
+    child.once('error', () => resolve(false));
+  });
+  child.on('error', () => {}); // later errors (a failed kill) must not crash the runner
+  if (!spawned) return refusal('SPAWN_FAILED');
+
+  const killGroup = () => {
+    try {
+      process.kill(-child.pid, 'SIGKILL');
+    } catch {
+      // the group is already empty
+    }
+  };
+  const out = capture(child.stdout, req.stdout_cap, killGroup);
+  const err = capture(child.stderr, req.stderr_cap, killGroup);
+  let timedOut = false;
+  const timer = setTimeout(() => {
+    timedOut = true;
+    killGroup();
+  }, req.timeout_ms);
+  const progress = setInterval(() => {
+    const line = { elapsed_ms: Math.round(performance.now() - started), stdout_bytes: out.total };
+    process.stderr.write(`${JSON.stringify({ ...line, stderr_bytes: err.total })}\n`);
+  }, PROGRESS_MS);
+
+  // Wait for the child's exit, not for its pipes: a grandchild that escaped the group may hold them open forever.
+  const { code, signal } = await exited;
+  const durationMs = Math.round(performance.now() - started);
+  clearTimeout(timer);
+  clearInterval(progress);
+  const leftovers = await killLeftovers();
+  // Every writer is dead now, so what is still buffered in the pipes arrives at once; bound the wait anyway.
+  await Promise.race([Promise.all([closed(child.stdout), closed(child.stderr)]), sleep(DRAIN_MS)]);
+  child.stdout.destroy();
+  child.stderr.destroy();
+  const oomAfter = readOomKills();
+  const oomDetectable = oomBefore !== null && oomAfter !== null;
+  return {
+    ok: true,
+    exit_code: code,
+    signal,
+    timed_out: timedOut,
+    stdout_b64: Buffer.concat(out.chunks).toString('base64'),
+    stderr_b64: Buffer.concat(err.chunks).toString('base64'),
+    stdout_bytes: out.total,
+    stderr_bytes: err.total,
+    stdout_truncated: out.truncated,
+    stderr_truncated: err.truncated,
+    // Only the kernel's counter says "OOM": a SIGKILL alone could be ours or anyone's.
+    oom_killed: oomDetectable && oomAfter > oomBefore && signal === 'SIGKILL',
+    oom_detectable: oomDetectable,
+    duration_ms: durationMs,
+    cleanup: leftovers.cleanup,
+    leftover_killed: leftovers.killed,
+  };
+}
+
+async function main() {
+  const args = process.argv.slice(2);
+  // As root, kill(-1) and the uid scan would reach every process in sight (on a host: the whole machine).
+  if (process.getuid() === 0) return refusal('RUNNING_AS_ROOT');
+  if (args.length === 1 && args[0] === '--kill-all') {
+    const { cleanup, killed } = await killLeftovers();
+    return { ok: true, killed, cleanup };
+  }
+  const req = args.length === 1 ? parseRequest(args[0]) : null;
+  return req === null ? refusal('INVALID_REQUEST') : run(req);
+}
+
+main().then(answer, () => {
+  process.stdout.write(`${JSON.stringify(refusal('INTERNAL_ERROR'))}\n`, () => process.exit(1));
+});

@@ -1,0 +1,65 @@
+"""Calling the in-container helpers: one exec, one JSON answer, fail closed on anything unexpected.
+
+Helpers answer with exactly one JSON line on stdout and exit 0 (also for refusals). Any other outcome (a crash,
+no answer, an out-of-protocol answer, a broken stream) means the sandbox can no longer be trusted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+from code_sandbox.engine import DockerEngine
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hardening import SANDBOX_USER
+
+MiB = 1024 * 1024
+
+
+class HelperCrash(SandboxError):
+    """The helper did not answer within its protocol; the caller must destroy the session."""
+
+    def __init__(self, message: str = "the sandbox helper failed") -> None:
+        super().__init__(ErrorCode.INTERNAL_ERROR, message)
+
+
+def call_helper(
+    engine: DockerEngine,
+    container_id: str,
+    argv: list[str],
+    *,
+    stdin: Iterable[bytes] | None = None,
+    timeout: float,
+    max_answer: int = 16 * MiB,
+    on_stderr: Callable[[bytes], None] | None = None,
+) -> dict[str, Any]:
+    """Run one helper exec as the sandbox user and return its parsed answer.
+
+    :raises HelperCrash: the helper crashed, answered out of protocol, or the stream broke.
+    :raises SandboxError: ``TIMEOUT`` or ``CONTAINER_UNAVAILABLE`` from the engine.
+    """
+    try:
+        result = engine.exec(
+            container_id,
+            argv,
+            user=SANDBOX_USER,
+            stdin=stdin,
+            timeout=timeout,
+            max_stdout=max_answer,
+            on_stderr=on_stderr,
+        )
+    except SandboxError as error:
+        if error.code == ErrorCode.TRANSFER_FAILED:
+            raise HelperCrash("the transfer to the sandbox broke off") from None
+        raise
+    lines = result.stdout.splitlines()
+    if result.exit_code != 0 or len(lines) != 1:
+        raise HelperCrash()
+    try:
+        answer = json.loads(lines[0])
+    except ValueError:
+        raise HelperCrash() from None
+    if not isinstance(answer, dict) or not isinstance(cast(dict[str, Any], answer).get("ok"), bool):
+        raise HelperCrash()
+    return cast(dict[str, Any], answer)

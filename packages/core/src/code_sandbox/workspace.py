@@ -1,0 +1,203 @@
+"""The workspace file tools: write, list, read, delete, digest.
+
+Bytes go from memory over the exec's stdin to the file helper; nothing touches the host filesystem. Every limit
+is checked before anything is written, so a refused write leaves the session and its files as they were. A
+broken transfer or an integrity violation (a symlink, hard link or special file that only user code can make)
+destroys the session: it fails closed.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import anyio.to_thread
+
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.helpers import HelperCrash, call_helper
+from code_sandbox.paths import validate_path
+from code_sandbox.sessions import Session, SessionManager
+
+MiB = 1024 * 1024
+MAX_FILE_BYTES = 2 * MiB
+MAX_ENTRIES = 100
+MAX_WORKSPACE_BYTES = 64 * MiB
+MAX_REQUEST_BYTES = 8 * MiB
+MAX_FILES_PER_CALL = 100
+MAX_LIST_ENTRIES = 1000
+DEFAULT_READ_BYTES = 65536
+HELPER_TIMEOUT_SECONDS = 30.0
+
+WriteStatus = Literal["written", "overwritten", "exists"]
+DeleteStatus = Literal["deleted", "missing", "not_a_file"]
+
+# Refusals the helper reports; anything else it says ends the session.
+_REFUSALS: dict[str, tuple[ErrorCode, str]] = {
+    "INVALID_PATH": (ErrorCode.INVALID_PATH, "a path is not valid for this operation"),
+    "PATH_TRAVERSAL": (ErrorCode.PATH_TRAVERSAL, "the path tries to leave the workspace"),
+    "FILE_TOO_LARGE": (ErrorCode.FILE_TOO_LARGE, f"a file is larger than {MAX_FILE_BYTES // MiB} MiB"),
+    "WORKSPACE_LIMIT_EXCEEDED": (
+        ErrorCode.WORKSPACE_LIMIT_EXCEEDED,
+        f"the write would exceed the workspace limits ({MAX_ENTRIES} files and directories, "
+        f"{MAX_WORKSPACE_BYTES // MiB} MiB); nothing was written",
+    ),
+    "NOT_FOUND": (ErrorCode.NOT_FOUND, "no such file or directory in the workspace"),
+    "NOT_A_DIRECTORY": (ErrorCode.INVALID_PATH, "the path is not a directory"),
+    "NOT_A_FILE": (ErrorCode.INVALID_PATH, "the path is not a regular file"),
+    "BINARY_FILE": (ErrorCode.BINARY_FILE, "the file is not UTF-8 text (it has invalid UTF-8 or NUL bytes)"),
+    "PERMISSION_DENIED": (ErrorCode.PERMISSION_DENIED, "the program changed the permissions of a file or directory"),
+}
+
+
+@dataclass(frozen=True)
+class ListEntry:
+    path: str
+    type: Literal["file", "directory"]
+    size: int
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    content: str
+    size: int
+    truncated: bool
+
+
+def encode_write_stream(files: Sequence[tuple[str, bytes]]) -> Iterator[bytes]:
+    """The file helper's stdin: a 4-byte big-endian header length, the JSON header, then the bytes in order."""
+    header = json.dumps({"files": [{"path": path, "size": len(data)} for path, data in files]}).encode()
+    yield struct.pack(">I", len(header)) + header
+    for _path, data in files:
+        yield data
+
+
+async def write_files(
+    manager: SessionManager, session_id: str, files: Sequence[tuple[str, str]], *, overwrite: bool
+) -> list[WriteStatus]:
+    """Write UTF-8 text files into the workspace; per-path status in request order."""
+    if not 1 <= len(files) <= MAX_FILES_PER_CALL:
+        raise SandboxError(ErrorCode.INVALID_REQUEST, f"write between 1 and {MAX_FILES_PER_CALL} files per call")
+    encoded: list[tuple[str, bytes]] = []
+    seen: set[str] = set()
+    for raw_path, content in files:
+        path = validate_path(raw_path)
+        if path in seen:
+            raise SandboxError(ErrorCode.INVALID_PATH, "the same path appears twice in one request")
+        seen.add(path)
+        try:
+            data = content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SandboxError(ErrorCode.INVALID_REQUEST, "file content must be valid Unicode text") from None
+        if len(data) > MAX_FILE_BYTES:
+            raise SandboxError(ErrorCode.FILE_TOO_LARGE, f"a file is larger than {MAX_FILE_BYTES // MiB} MiB")
+        encoded.append((path, data))
+    if sum(len(data) for _path, data in encoded) > MAX_REQUEST_BYTES:
+        raise SandboxError(ErrorCode.FILE_TOO_LARGE, f"one request may carry at most {MAX_REQUEST_BYTES // MiB} MiB")
+    request = {
+        "overwrite": overwrite,
+        "max_file_bytes": MAX_FILE_BYTES,
+        "max_entries": MAX_ENTRIES,
+        "max_total_bytes": MAX_WORKSPACE_BYTES,
+    }
+    answer = await _call(manager, session_id, "write", request, stdin=encode_write_stream(encoded))
+    results: object = answer.get("results")
+    if not isinstance(results, list) or len(cast(list[object], results)) != len(encoded):
+        raise SandboxError(ErrorCode.INTERNAL_ERROR, "the file helper answered out of protocol")
+    return cast(list[WriteStatus], results)
+
+
+async def list_files(
+    manager: SessionManager, session_id: str, path: str, *, recursive: bool, max_depth: int
+) -> tuple[list[ListEntry], bool]:
+    """List a workspace directory: entries sorted by path, and whether the list was cut."""
+    request = {
+        "path": validate_path(path, allow_root=True),
+        "recursive": recursive,
+        "max_depth": max_depth,
+        "max_entries": MAX_LIST_ENTRIES,
+    }
+    answer = await _call(manager, session_id, "list", request)
+    rows = cast(list[dict[str, Any]], answer.get("entries") or [])
+    entries = [ListEntry(str(row["path"]), row["type"], int(row["size"])) for row in rows]
+    return entries, bool(answer.get("truncated"))
+
+
+async def read_file(manager: SessionManager, session_id: str, path: str, *, max_bytes: int) -> ReadResult:
+    """Read a UTF-8 text file, at most ``max_bytes`` bytes, never cutting a character."""
+    answer = await _call(manager, session_id, "read", {"path": validate_path(path), "max_bytes": max_bytes})
+    return ReadResult(str(answer["content"]), int(answer["size"]), bool(answer["truncated"]))
+
+
+async def delete_files(manager: SessionManager, session_id: str, paths: Sequence[str]) -> list[DeleteStatus]:
+    """Delete regular files; a missing file is reported for its path without failing the call."""
+    if not 1 <= len(paths) <= MAX_FILES_PER_CALL:
+        raise SandboxError(ErrorCode.INVALID_REQUEST, f"delete between 1 and {MAX_FILES_PER_CALL} paths per call")
+    answer = await _call(manager, session_id, "delete", {"paths": [validate_path(p) for p in paths]})
+    return cast(list[DeleteStatus], answer["results"])
+
+
+async def digest_file(manager: SessionManager, session_id: str, path: str) -> str:
+    """The sha256 of a workspace file, computed inside the container."""
+    answer = await _call(manager, session_id, "digest", {"path": validate_path(path)})
+    return str(answer["sha256"])
+
+
+async def _call(
+    manager: SessionManager,
+    session_id: str,
+    operation: str,
+    request: dict[str, Any],
+    *,
+    stdin: Iterator[bytes] | None = None,
+) -> dict[str, Any]:
+    async with manager.lease(session_id) as session:
+        return await call_file_helper(manager, session, operation, request, stdin=stdin)
+
+
+async def call_file_helper(
+    manager: SessionManager,
+    session: Session,
+    operation: str,
+    request: dict[str, Any],
+    *,
+    stdin: Iterator[bytes] | None = None,
+) -> dict[str, Any]:
+    """One file-helper call on a leased session; refusals raise, anything untrustworthy destroys the session."""
+    argv = [*manager.profile.helper_argv("files"), operation, json.dumps(request)]
+    try:
+        answer = await anyio.to_thread.run_sync(
+            lambda: call_helper(
+                manager.engine,
+                session.container_id,
+                argv,
+                stdin=stdin if stdin is not None else None,
+                timeout=HELPER_TIMEOUT_SECONDS,
+            )
+        )
+    except HelperCrash:
+        await manager.fail_closed(session)
+        raise SandboxError(
+            ErrorCode.TRANSFER_FAILED, "the file transfer failed midway; the sandbox was destroyed to stay safe"
+        ) from None
+    except SandboxError as error:
+        if error.code == ErrorCode.TIMEOUT:
+            await manager.fail_closed(session)
+            raise SandboxError(ErrorCode.TIMEOUT, "the file operation hung; the sandbox was destroyed") from None
+        raise
+    if answer["ok"]:
+        return answer
+    code = str(answer.get("code", ""))
+    if code in _REFUSALS and not answer.get("partial"):
+        error_code, message = _REFUSALS[code]
+        raise SandboxError(error_code, message)
+    await manager.fail_closed(session)
+    if code == "WORKSPACE_INTEGRITY":
+        raise SandboxError(
+            ErrorCode.WORKSPACE_INTEGRITY,
+            "the workspace holds a symbolic link, hard link or special file (made by the program) "
+            "or changed during the operation; the sandbox was destroyed",
+        )
+    raise SandboxError(ErrorCode.WORKSPACE_INTEGRITY, "the file operation failed midway; the sandbox was destroyed")
