@@ -28,6 +28,7 @@ MAX_WORKSPACE_BYTES = 64 * MiB
 MAX_REQUEST_BYTES = 8 * MiB
 MAX_FILES_PER_CALL = 100
 MAX_LIST_ENTRIES = 1000
+MAX_LIST_DEPTH = 10
 DEFAULT_READ_BYTES = 65536
 HELPER_TIMEOUT_SECONDS = 30.0
 
@@ -113,6 +114,8 @@ async def list_files(
     manager: SessionManager, session_id: str, path: str, *, recursive: bool, max_depth: int
 ) -> tuple[list[ListEntry], bool]:
     """List a workspace directory: entries sorted by path, and whether the list was cut."""
+    if not 0 <= max_depth <= MAX_LIST_DEPTH:
+        raise SandboxError(ErrorCode.INVALID_REQUEST, f"max_depth must be from 0 to {MAX_LIST_DEPTH}")
     request = {
         "path": validate_path(path, allow_root=True),
         "recursive": recursive,
@@ -127,6 +130,8 @@ async def list_files(
 
 async def read_file(manager: SessionManager, session_id: str, path: str, *, max_bytes: int) -> ReadResult:
     """Read a UTF-8 text file, at most ``max_bytes`` bytes, never cutting a character."""
+    if not 1 <= max_bytes <= MAX_FILE_BYTES:
+        raise SandboxError(ErrorCode.INVALID_REQUEST, f"max_bytes must be from 1 to {MAX_FILE_BYTES}")
     answer = await _call(manager, session_id, "read", {"path": validate_path(path), "max_bytes": max_bytes})
     return ReadResult(str(answer["content"]), int(answer["size"]), bool(answer["truncated"]))
 
