@@ -1,0 +1,258 @@
+"""run_javascript's engine: every way a program can end, against the real image."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from code_sandbox.engine import DockerEngine, ExecResult
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.plugins import Profile
+from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.settings import Settings
+from code_sandbox.workspace import list_files, write_files
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
+MiB = 1024 * 1024
+
+COUNT_LEFTOVERS = """
+const fs = require('fs');
+const mine = fs.readdirSync('/proc').filter(p => /^\\d+$/.test(p) && +p !== process.pid && +p !== process.ppid)
+  .filter(p => { try { const s = fs.readFileSync(`/proc/${p}/status`, 'utf8');
+    return /Uid:\\s+65532/.test(s) && !/State:\\s+Z/.test(s); } catch { return false; } });
+console.log(mine.length);
+"""
+
+
+@pytest.fixture
+async def manager(engine: DockerEngine, profile: Profile, image_id: str) -> AsyncIterator[SessionManager]:
+    del image_id
+    manager = SessionManager(engine, profile, Settings(max_sessions=4, default_timeout=10, max_timeout=60))
+    yield manager
+    await manager.shutdown()
+
+
+@pytest.fixture
+async def session(manager: SessionManager) -> Session:
+    return await manager.create()
+
+
+async def run(manager: SessionManager, session: Session, source: str, **kwargs: Any) -> RunResult:
+    name = kwargs.pop("name", "main.js")
+    await write_files(manager, session.id, [(name, source)], overwrite=True)
+    return await run_entrypoint(
+        manager, session.id, name, kwargs.pop("arguments", []), timeout_seconds=kwargs.pop("timeout", None), **kwargs
+    )
+
+
+async def test_a_normal_run_returns_output_and_exit_code_zero(manager: SessionManager, session: Session) -> None:
+    result = await run(manager, session, "console.log('hi'); console.error('warn')")
+    assert (result.exit_code, result.signal, result.timed_out, result.termination_reason) == (0, None, False, "exited")
+    assert (result.stdout, result.stderr) == ("hi\n", "warn\n")
+    assert result.duration_ms > 0
+
+
+async def test_a_non_zero_exit_code_is_returned(manager: SessionManager, session: Session) -> None:
+    result = await run(manager, session, "process.exit(3)")
+    assert result.exit_code == 3 and result.termination_reason == "exited"
+
+
+async def test_an_uncaught_exception_exits_1_with_the_stack_on_stderr(manager: SessionManager, session: Session) -> None:
+    result = await run(manager, session, "throw new Error('boom')")
+    assert result.exit_code == 1
+    assert "Error: boom" in result.stderr
+
+
+async def test_a_program_killed_by_a_signal_reports_it(manager: SessionManager, session: Session) -> None:
+    result = await run(manager, session, "process.kill(process.pid, 'SIGKILL')")
+    assert (result.exit_code, result.signal, result.termination_reason) == (None, "SIGKILL", "signaled")
+    assert result.oom_killed is False
+
+
+async def test_a_busy_loop_times_out_at_its_deadline(manager: SessionManager, session: Session) -> None:
+    started = time.monotonic()
+    result = await run(manager, session, "for(;;){}", timeout=2)
+    assert time.monotonic() - started < 4
+    assert result.timed_out is True and result.termination_reason == "timed_out"
+    assert (await run(manager, session, "console.log('next')")).stdout == "next\n"  # the session is still usable
+
+
+async def test_stdout_beyond_1_mib_is_cut_and_flagged(manager: SessionManager, session: Session) -> None:
+    result = await run(manager, session, "const s='x'.repeat(65536); for(let i=0;i<80;i++) process.stdout.write(s)")
+    assert len(result.stdout.encode()) == MiB
+    assert result.stdout_truncated is True and result.stderr_truncated is False
+    assert result.termination_reason == "OUTPUT_LIMIT_EXCEEDED"
+
+
+async def test_stderr_beyond_1_mib_is_cut_and_flagged(manager: SessionManager, session: Session) -> None:
+    result = await run(manager, session, "process.stderr.write(Buffer.alloc(3*1024*1024, 65))")
+    assert len(result.stderr) == MiB and result.stderr_truncated is True
+
+
+async def test_a_heap_bomb_ends_in_oom_or_a_clean_v8_abort_and_the_session_stays_usable(
+    manager: SessionManager, session: Session
+) -> None:
+    result = await run(
+        manager, session, "const a=[]; for(;;){ a.push(Buffer.alloc(16*1024*1024, 1)); }", timeout=30
+    )
+    assert result.oom_killed or result.signal in ("SIGABRT", "SIGTRAP") or result.exit_code not in (0, None)
+    if result.oom_killed:
+        assert result.signal == "SIGKILL" and result.termination_reason == "oom_killed"
+    follow_up = await run(manager, session, "console.log('alive')")
+    assert follow_up.stdout == "alive\n"
+
+
+async def test_invalid_utf8_output_comes_back_with_replacement_characters(
+    manager: SessionManager, session: Session
+) -> None:
+    result = await run(manager, session, "process.stdout.write(Buffer.from([0x61, 0xff, 0xfe, 0x62, 0xe2, 0x82]))")
+    assert result.stdout == "a\ufffd\ufffdb\ufffd"
+
+
+async def test_arguments_reach_the_program_verbatim_without_a_shell(manager: SessionManager, session: Session) -> None:
+    arguments = ["a b", "$(id)", "'\"", "; rm -rf /", "é😀", "--flag=1", ""]
+    result = await run(manager, session, "console.log(JSON.stringify(process.argv.slice(2)))", arguments=arguments)
+    assert json.loads(result.stdout) == arguments
+
+
+@pytest.mark.parametrize(
+    "spawn_options",
+    [
+        "{detached: true, stdio: 'inherit'}",
+        "{detached: true, stdio: 'ignore'}",
+        "{stdio: 'inherit'}",
+        "{stdio: 'ignore'}",
+    ],
+    ids=["setsid-holding-stdout", "setsid-silent", "unref-holding-stdout", "unref-silent"],
+)
+async def test_detached_children_are_killed_and_the_run_returns_promptly(
+    manager: SessionManager, session: Session, spawn_options: str
+) -> None:
+    source = (
+        "const {spawn} = require('child_process');"
+        f"spawn(process.execPath, ['-e', 'setInterval(() => console.log(1), 100)'], {spawn_options}).unref();"
+        "console.log('parent done');"
+    )
+    started = time.monotonic()
+    result = await run(manager, session, source)
+    assert time.monotonic() - started < 3
+    assert result.exit_code == 0 and result.stdout.startswith("parent done")
+    assert result.leftover_processes_killed >= 1
+    assert (await run(manager, session, COUNT_LEFTOVERS, name="count.js")).stdout == "0\n"
+
+
+async def test_entrypoint_suffix_and_argument_limits_are_enforced(manager: SessionManager, session: Session) -> None:
+    cases: list[tuple[str, list[str], int | None, ErrorCode]] = [
+        ("main.py", [], None, ErrorCode.INVALID_PATH),
+        ("../main.js", [], None, ErrorCode.PATH_TRAVERSAL),
+        ("main.js", ["x"] * 33, None, ErrorCode.INVALID_REQUEST),
+        ("main.js", ["x" * 4097], None, ErrorCode.INVALID_REQUEST),
+        ("main.js", ["a\x00b"], None, ErrorCode.INVALID_REQUEST),
+        ("main.js", [], 0, ErrorCode.INVALID_REQUEST),
+        ("main.js", [], 61, ErrorCode.INVALID_REQUEST),
+    ]
+    for entrypoint, arguments, timeout, code in cases:
+        with pytest.raises(SandboxError) as caught:
+            await run_entrypoint(manager, session.id, entrypoint, arguments, timeout_seconds=timeout)
+        assert caught.value.code == code, (entrypoint, code)
+
+
+async def test_progress_is_reported_during_a_long_run(manager: SessionManager, session: Session) -> None:
+    updates: list[tuple[float, int]] = []
+
+    async def progress(elapsed: float, output_bytes: int) -> None:
+        updates.append((elapsed, output_bytes))
+
+    source = "let n=0; const t=setInterval(() => { console.log('tick'); if (++n === 5) clearInterval(t); }, 500)"
+    await run(manager, session, source, progress=progress)
+    assert len(updates) >= 2
+    assert updates[-1][0] >= 1.0 and updates[-1][1] > 0
+
+
+async def test_a_cancelled_run_frees_the_session_quickly_and_others_are_served(
+    manager: SessionManager, session: Session
+) -> None:
+    other = await manager.create()
+    await write_files(manager, session.id, [("slow.js", "setTimeout(() => {}, 60000)")], overwrite=False)
+    served_during: list[float] = []
+    freed_after: list[float] = []
+
+    async def cancelled_run(scope: anyio.CancelScope) -> None:
+        with scope:
+            await run_entrypoint(manager, session.id, "slow.js", [], timeout_seconds=60)
+
+    scope = anyio.CancelScope()
+    async with anyio.create_task_group() as group:
+        group.start_soon(cancelled_run, scope)
+        await anyio.sleep(1)
+        started = time.monotonic()
+        await list_files(manager, other.id, ".", recursive=True, max_depth=1)
+        served_during.append(time.monotonic() - started)
+        cancelled_at = time.monotonic()
+        scope.cancel()
+    await list_files(manager, session.id, ".", recursive=True, max_depth=1)  # needs the session's lease
+    freed_after.append(time.monotonic() - cancelled_at)
+    assert freed_after[0] < 2, freed_after
+    assert served_during[0] < 1, served_during
+    assert (await run(manager, session, COUNT_LEFTOVERS, name="count.js")).stdout == "0\n"
+
+
+async def test_runs_in_two_sessions_overlap_in_time(manager: SessionManager, session: Session) -> None:
+    other = await manager.create()
+    spans: dict[str, tuple[float, float]] = {}
+
+    async def timed(target: Session) -> None:
+        started = time.monotonic()
+        await run(manager, target, "const t=Date.now(); while(Date.now()-t<1500){}")
+        spans[target.id] = (started, time.monotonic())
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(timed, session)
+        group.start_soon(timed, other)
+    (a_start, a_end), (b_start, b_end) = spans.values()
+    assert a_start < b_end and b_start < a_end  # the intervals intersect
+    assert max(a_end, b_end) - min(a_start, b_start) < 2 * 1.5  # not one after the other
+
+
+async def test_a_runner_that_stops_answering_is_caught_by_the_host_deadline(
+    manager: SessionManager, session: Session
+) -> None:
+    # User code shares the runner's uid, so it can stop it: the host's safety net must destroy the sandbox.
+    started = time.monotonic()
+    with pytest.raises(SandboxError) as caught:
+        await run(manager, session, "process.kill(process.ppid, 'SIGSTOP'); setTimeout(() => {}, 60000)", timeout=1)
+    assert caught.value.code == ErrorCode.TIMEOUT
+    assert time.monotonic() - started < 1 + 5 + 3
+    assert manager.engine.container_facts(session.container_id) is None
+
+
+class _CleanupFails:
+    """Wraps the real engine; the runner's answer says cleanup failed (no real program can force that)."""
+
+    def __init__(self, engine: DockerEngine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def exec(self, container_id: str, argv: list[str], **kwargs: Any) -> ExecResult:
+        result = self._engine.exec(container_id, argv, **kwargs)
+        if argv[1].endswith("runner.mjs") and argv[2] != "--kill-all":
+            answer = json.loads(result.stdout)
+            answer["cleanup"] = "failed"
+            return ExecResult(result.exit_code, json.dumps(answer).encode() + b"\n", result.stderr)
+        return result
+
+
+async def test_failed_process_cleanup_destroys_the_session(manager: SessionManager, session: Session) -> None:
+    manager.engine = _CleanupFails(manager.engine)  # type: ignore[assignment]
+    with pytest.raises(SandboxError) as caught:
+        await run(manager, session, "console.log(1)")
+    assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED
+    assert len(manager) == 0
