@@ -9,7 +9,6 @@ from typing import Any
 
 import anyio
 import pytest
-
 from code_sandbox.engine import DockerEngine, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
@@ -63,7 +62,9 @@ async def test_a_non_zero_exit_code_is_returned(manager: SessionManager, session
     assert result.exit_code == 3 and result.termination_reason == "exited"
 
 
-async def test_an_uncaught_exception_exits_1_with_the_stack_on_stderr(manager: SessionManager, session: Session) -> None:
+async def test_an_uncaught_exception_exits_1_with_the_stack_on_stderr(
+    manager: SessionManager, session: Session
+) -> None:
     result = await run(manager, session, "throw new Error('boom')")
     assert result.exit_code == 1
     assert "Error: boom" in result.stderr
@@ -98,9 +99,7 @@ async def test_stderr_beyond_1_mib_is_cut_and_flagged(manager: SessionManager, s
 async def test_a_heap_bomb_ends_in_oom_or_a_clean_v8_abort_and_the_session_stays_usable(
     manager: SessionManager, session: Session
 ) -> None:
-    result = await run(
-        manager, session, "const a=[]; for(;;){ a.push(Buffer.alloc(16*1024*1024, 1)); }", timeout=30
-    )
+    result = await run(manager, session, "const a=[]; for(;;){ a.push(Buffer.alloc(16*1024*1024, 1)); }", timeout=30)
     assert result.oom_killed or result.signal in ("SIGABRT", "SIGTRAP") or result.exit_code not in (0, None)
     if result.oom_killed:
         assert result.signal == "SIGKILL" and result.termination_reason == "oom_killed"
@@ -188,6 +187,7 @@ async def test_a_cancelled_run_frees_the_session_quickly_and_others_are_served(
             await run_entrypoint(manager, session.id, "slow.js", [], timeout_seconds=60)
 
     scope = anyio.CancelScope()
+    cancelled_at = float("inf")
     async with anyio.create_task_group() as group:
         group.start_soon(cancelled_run, scope)
         await anyio.sleep(1)

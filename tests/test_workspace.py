@@ -214,7 +214,7 @@ async def test_every_path_the_host_accepts_is_created_exactly_there_by_the_helpe
 
     @settings(
         max_examples=300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much], deadline=None
-    )  # noqa: E501
+    )
     @given(candidate)
     def collect(raw: str) -> None:
         with contextlib.suppress(SandboxError):

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import io
 import tarfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -19,6 +20,8 @@ from code_sandbox.elf import resolve_runtime_files
 from code_sandbox.engine import DockerEngine, ImageFacts
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
+    LABEL_EXPIRES_AT,
+    LABEL_MANAGED,
     SANDBOX_UID,
     SANDBOX_USER,
     SCRATCH_DIR,
@@ -178,7 +181,7 @@ def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | Non
 def _verify_contents(
     engine: DockerEngine, expected: Mapping[str, str], runtime_path: str, image_id: str, report: VerifyReport
 ) -> None:
-    request = ContainerRequest(image_id=image_id, command=["/nonexistent"], labels={}, apparmor=False)
+    request = ContainerRequest(image_id=image_id, command=["/nonexistent"], labels=_probe_labels(), apparmor=False)
     container_id = engine.create_container(request, start=False)
     forbidden: set[str] = set()
     helpers: dict[str, tuple[str | None, int, int]] = {}
@@ -201,12 +204,17 @@ def _verify_contents(
     report.add("runtime present", runtime_found, runtime_path)
 
 
+def _probe_labels() -> dict[str, str]:
+    """Probe containers are managed and already due, so a sweep removes any that a crash left behind."""
+    return {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(time.time()) + 60)}
+
+
 def _verify_run(
     engine: DockerEngine, profile: Profile, image: ImageFacts, *, apparmor: bool, report: VerifyReport
 ) -> None:
     spec = profile.image_spec()
     watchdog = [*profile.helper_argv("watchdog"), "60"]
-    request = ContainerRequest(image_id=image.id, command=watchdog, labels={}, apparmor=apparmor)
+    request = ContainerRequest(image_id=image.id, command=watchdog, labels=_probe_labels(), apparmor=apparmor)
     try:
         container_id = engine.create_container(request)
     except SandboxError:

@@ -1,28 +1,411 @@
-"""The MCP surface: a stdio server on ``MCPServer``. Tools are thin and call into core."""
+"""The MCP surface: a stdio server on ``MCPServer`` whose tools are thin translations into core.
+
+The server owns argument validation (strict models, our error codes, no echo of submitted values) by answering
+``tools/list`` and ``tools/call`` itself; the SDK's own validation would quote the caller's input back. Every
+failure becomes a tool result with ``isError: true`` whose text starts with a stable code.
+"""
 
 from __future__ import annotations
 
-from mcp.server.mcpserver import MCPServer
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from typing import Any, cast
 
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.stdio import stdio_server
+from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
+from pydantic import BaseModel, ValidationError
+
+from code_sandbox import tool_text
+from code_sandbox.audit import AuditLog, AuditValue
+from code_sandbox.engine import DockerEngine
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.plugins import Profile
+from code_sandbox.schemas import (
+    CreateSandboxInput,
+    CreateSandboxOutput,
+    DeleteFilesInput,
+    DeleteFilesOutput,
+    DeleteStatus,
+    DestroyOutput,
+    Entry,
+    FileStatus,
+    ListFilesInput,
+    ListFilesOutput,
+    ReadFileInput,
+    ReadFileOutput,
+    RunOutput,
+    SessionInput,
+    WriteFilesInput,
+    WriteFilesOutput,
+    run_input_models,
+)
+from code_sandbox.sessions import SessionManager, session_hash, sweep_managed
 from code_sandbox.settings import Settings
+from code_sandbox.workspace import delete_files, list_files, read_file, write_files
 
-INSTRUCTIONS = """\
-Disposable, offline {language} sandboxes. Workflow: create_sandbox -> write_files -> {run_tool} (repeat: fix \
-files with write_files overwrite=true and run again) -> destroy_sandbox when done. Sandboxes have no network and \
-expire on their own."""
+logger = logging.getLogger(__name__)
+
+Counts = dict[str, AuditValue]
+Handler = Callable[[Any, Context[Any, Any], Counts], Awaitable[BaseModel]]
 
 
-def build_server(settings: Settings, profile: Profile) -> MCPServer:
-    """Assemble the MCP server for one profile."""
-    del settings
-    return MCPServer(
-        name="code-sandbox",
-        instructions=INSTRUCTIONS.format(language=profile.info.language, run_tool=profile.info.run_tool_name),
-        log_level="WARNING",
+@dataclass(frozen=True)
+class ToolDef:
+    name: str
+    description: str
+    input_model: type[BaseModel]
+    output_model: type[BaseModel]
+    annotations: ToolAnnotations
+    handler: Handler
+
+
+def _annotations(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
+    return ToolAnnotations(
+        read_only_hint=read_only, destructive_hint=destructive, idempotent_hint=idempotent, open_world_hint=False
     )
 
 
+def error_result(error: SandboxError) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=f"{error.code}: {error.message}")],
+        structured_content={"error": {"code": str(error.code), "message": error.message}},
+        is_error=True,
+    )
+
+
+# Schema violations that have a more precise code than INVALID_REQUEST: (last field name, pydantic error type).
+_PRECISE_CODES = {("content", "string_too_long"): ErrorCode.FILE_TOO_LARGE}
+
+
+def validation_error(exc: ValidationError) -> SandboxError:
+    """Describe what is wrong by field and rule only: never the submitted value, never an unknown field's name."""
+    problems: list[str] = []
+    codes: set[ErrorCode] = set()
+    for error in exc.errors(include_input=False, include_url=False, include_context=False):
+        location = [str(part) for part in error["loc"]]
+        codes.add(_PRECISE_CODES.get((location[-1] if location else "", error["type"]), ErrorCode.INVALID_REQUEST))
+        if error["type"] == "extra_forbidden":
+            problems.append(f"{'.'.join(location[:-1]) or 'arguments'}: unknown field (not allowed)")
+        else:
+            problems.append(f"{'.'.join(location) or 'arguments'}: {error['msg']}")
+    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+    code = codes.pop() if len(codes) == 1 else ErrorCode.INVALID_REQUEST
+    return SandboxError(code, "invalid arguments: " + "; ".join(problems[:5]) + more)
+
+
+def _run_output(result: RunResult) -> RunOutput:
+    return RunOutput(
+        exit_code=result.exit_code,
+        signal=result.signal,
+        timed_out=result.timed_out,
+        oom_killed=result.oom_killed,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        stdout_truncated=result.stdout_truncated,
+        stderr_truncated=result.stderr_truncated,
+        termination_reason=result.termination_reason,
+        duration_ms=result.duration_ms,
+    )
+
+
+def _run_counts(counts: Counts, result: RunResult) -> None:
+    counts.update(
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        oom_killed=result.oom_killed,
+        output_bytes=result.output_bytes,
+        cleanup="ok",
+        leftover_killed=result.leftover_processes_killed,
+    )
+
+
+class SandboxServer(MCPServer[None]):
+    """The code-sandbox MCP server for one profile."""
+
+    def __init__(self, settings: Settings, profile: Profile, *, engine: DockerEngine | None = None) -> None:
+        info = profile.info
+        self.execute_tool_name = "execute_" + info.run_tool_name.removeprefix("run_")
+        words = {
+            "language": info.language,
+            "run_tool": info.run_tool_name,
+            "execute_tool": self.execute_tool_name,
+            "idle": settings.idle_timeout,
+            "lifetime": settings.max_lifetime,
+            "sessions": settings.max_sessions,
+            "max_timeout": settings.max_timeout,
+        }
+        super().__init__(
+            name="code-sandbox",
+            version=metadata.version("code-sandbox-core"),
+            instructions=tool_text.INSTRUCTIONS.format(**words),
+            log_level="WARNING",
+            lifespan=self._lifespan,
+        )
+        self.settings = settings
+        self.profile = profile
+        self.engine = engine or DockerEngine()
+        self.manager = SessionManager(self.engine, profile, settings)
+        self.audit = AuditLog(settings.audit_log, enabled=settings.audit_enabled)
+        run_model, execute_model = run_input_models(
+            entrypoint_suffixes=info.entrypoint_suffixes,
+            default_timeout=settings.default_timeout,
+            max_timeout=settings.max_timeout,
+        )
+        mutating = _annotations(read_only=False, destructive=False, idempotent=False)
+        tools = [
+            ToolDef("create_sandbox", tool_text.CREATE_SANDBOX.format(**words), CreateSandboxInput,
+                    CreateSandboxOutput, mutating, self._create),
+            ToolDef("write_files", tool_text.WRITE_FILES.format(**words), WriteFilesInput, WriteFilesOutput,
+                    _annotations(read_only=False, destructive=True, idempotent=False), self._write),
+            ToolDef("list_files", tool_text.LIST_FILES.format(**words), ListFilesInput, ListFilesOutput,
+                    _annotations(read_only=True, destructive=False, idempotent=True), self._list),
+            ToolDef("read_file", tool_text.READ_FILE.format(**words), ReadFileInput, ReadFileOutput,
+                    _annotations(read_only=True, destructive=False, idempotent=True), self._read),
+            ToolDef("delete_files", tool_text.DELETE_FILES.format(**words), DeleteFilesInput, DeleteFilesOutput,
+                    _annotations(read_only=False, destructive=True, idempotent=True), self._delete),
+            ToolDef(info.run_tool_name, info.run_tool_description, run_model, RunOutput, mutating, self._run),
+            ToolDef("destroy_sandbox", tool_text.DESTROY_SANDBOX.format(**words), SessionInput, DestroyOutput,
+                    _annotations(read_only=False, destructive=True, idempotent=True), self._destroy),
+            ToolDef(self.execute_tool_name, tool_text.EXECUTE.format(**words), execute_model, RunOutput,
+                    mutating, self._execute),
+        ]  # fmt: skip
+        self.tool_defs = {tool.name: tool for tool in tools}
+
+    # -- protocol -----------------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _server: MCPServer[None]) -> AsyncGenerator[None]:
+        atexit.register(self.manager.remove_all_now)
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._sweep)
+            group.start_soon(self.manager.run_reaper)
+            try:
+                yield None
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.manager.shutdown()
+                group.cancel_scope.cancel()
+                atexit.unregister(self.manager.remove_all_now)
+
+    async def _sweep(self) -> None:
+        try:
+            await anyio.to_thread.run_sync(lambda: sweep_managed(self.engine, max_lifetime=self.settings.max_lifetime))
+        except SandboxError as error:
+            logger.warning("start-up sweep skipped: %s", error.message)
+
+    async def list_tools(self) -> list[Tool]:
+        return [
+            Tool(
+                name=tool.name,
+                description=tool.description,
+                input_schema=tool.input_model.model_json_schema(),
+                output_schema=tool.output_model.model_json_schema(),
+                annotations=tool.annotations,
+            )
+            for tool in self.tool_defs.values()
+        ]
+
+    async def call_tool(  # type: ignore[override]
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult:
+        started = time.monotonic()
+        counts: Counts = {}
+        raw_session = arguments.get("session_id")
+        hashed = session_hash(raw_session) if isinstance(raw_session, str) else None
+        tool = self.tool_defs.get(name)
+        result_code = "OK"
+        try:
+            if tool is None:
+                raise SandboxError(ErrorCode.INVALID_REQUEST, "no tool of that name; call tools/list")
+            try:
+                params = tool.input_model.model_validate(arguments)
+            except ValidationError as exc:
+                raise validation_error(exc) from None
+            output = await tool.handler(params, cast(Context[Any, Any], context), counts)
+            hashed = cast(str | None, counts.pop("session_hash", hashed))
+            return CallToolResult(
+                content=[TextContent(type="text", text=output.model_dump_json())],
+                structured_content=output.model_dump(mode="json"),
+            )
+        except SandboxError as error:
+            result_code = str(error.code)
+            return error_result(error)
+        except anyio.get_cancelled_exc_class():
+            result_code = "CANCELLED"
+            raise
+        except Exception:
+            logger.exception("tool %s failed unexpectedly", name if tool else "<unknown>")
+            result_code = str(ErrorCode.INTERNAL_ERROR)
+            return error_result(SandboxError(ErrorCode.INTERNAL_ERROR, "an internal error occurred"))
+        finally:
+            self.audit.record(
+                tool=tool.name if tool else "<unknown>",
+                session_hash=hashed,
+                result=result_code,
+                duration_ms=int((time.monotonic() - started) * 1000),
+                counts=counts,
+            )
+
+    # -- tools --------------------------------------------------------------------------------------------------
+
+    async def _create(self, _params: CreateSandboxInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+        session = await self.manager.create()
+        counts["session_hash"] = session.hash
+        return CreateSandboxOutput(
+            session_id=session.id,
+            expires_at=datetime.fromtimestamp(session.expires_at, UTC).isoformat(timespec="seconds"),
+            idle_timeout_seconds=self.settings.idle_timeout,
+            profile=self.profile.name,
+        )
+
+    async def _write(self, params: WriteFilesInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+        files = [(f.path, f.content) for f in params.files]
+        counts.update(files=len(files), bytes=sum(len(content.encode()) for _path, content in files))
+        statuses = await write_files(self.manager, params.session_id, files, overwrite=params.overwrite)
+        return WriteFilesOutput(
+            results=[FileStatus(path=path, status=status) for (path, _c), status in zip(files, statuses, strict=True)]
+        )
+
+    async def _list(self, params: ListFilesInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+        entries, truncated = await list_files(
+            self.manager, params.session_id, params.path, recursive=params.recursive, max_depth=params.max_depth
+        )
+        counts["files"] = len(entries)
+        return ListFilesOutput(
+            entries=[Entry(path=e.path, type=e.type, size=e.size) for e in entries], truncated=truncated
+        )
+
+    async def _read(self, params: ReadFileInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+        result = await read_file(self.manager, params.session_id, params.path, max_bytes=params.max_bytes)
+        counts.update(bytes=result.size, truncated=result.truncated)
+        return ReadFileOutput(content=result.content, size=result.size, truncated=result.truncated)
+
+    async def _delete(self, params: DeleteFilesInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+        statuses = await delete_files(self.manager, params.session_id, params.paths)
+        counts["files"] = len(params.paths)
+        return DeleteFilesOutput(
+            results=[DeleteStatus(path=p, status=s) for p, s in zip(params.paths, statuses, strict=True)]
+        )
+
+    async def _destroy(self, params: SessionInput, _ctx: Context[Any, Any], _counts: Counts) -> BaseModel:
+        return DestroyOutput(destroyed=await self.manager.destroy(params.session_id))
+
+    async def _run(self, params: Any, ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+        result = await run_entrypoint(
+            self.manager,
+            params.session_id,
+            params.entrypoint,
+            params.arguments,
+            timeout_seconds=params.timeout_seconds,
+            progress=self._progress(ctx),
+        )
+        _run_counts(counts, result)
+        return _run_output(result)
+
+    async def _execute(self, params: Any, ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+        session = await self.manager.create()
+        counts["session_hash"] = session.hash
+        try:
+            files = [(f.path, f.content) for f in params.files]
+            counts.update(files=len(files), bytes=sum(len(content.encode()) for _path, content in files))
+            await write_files(self.manager, session.id, files, overwrite=False)
+            result = await run_entrypoint(
+                self.manager,
+                session.id,
+                params.entrypoint,
+                params.arguments,
+                timeout_seconds=params.timeout_seconds,
+                progress=self._progress(ctx),
+            )
+            _run_counts(counts, result)
+            return _run_output(result)
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
+                await self.manager.destroy(session.id)
+
+    @staticmethod
+    def _progress(ctx: Context[Any, Any] | None) -> Callable[[float, int], Any] | None:
+        if ctx is None:
+            return None
+
+        async def report(elapsed: float, output_bytes: int) -> None:
+            await ctx.report_progress(
+                round(elapsed, 1), None, f"running for {elapsed:.0f}s, {output_bytes} output bytes"
+            )
+
+        return report
+
+
+class _StdinLines:
+    """stdin's lines, read on a daemon thread.
+
+    The SDK reads stdin in a worker thread that a cancellation must wait for, so SIGTERM could not stop a server
+    whose client sends nothing. A daemon thread feeding a memory stream can be abandoned at once.
+    """
+
+    async def __aiter__(self) -> AsyncGenerator[str]:
+        send, receive = anyio.create_memory_object_stream[str](1)
+        token = anyio.lowlevel.current_token()
+
+        def pump() -> None:
+            # Raw os.read on a duplicate of fd 0: no Python-level buffer lock that a daemon thread could still
+            # hold when the interpreter shuts down.
+            fd = os.dup(0)
+            pending = b""
+            try:
+                while chunk := os.read(fd, 65536):
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        anyio.from_thread.run(send.send, line.decode("utf-8", "replace"), token=token)
+                if pending.strip():
+                    anyio.from_thread.run(send.send, pending.decode("utf-8", "replace"), token=token)
+                anyio.from_thread.run_sync(send.close, token=token)
+            except Exception:  # the loop is gone or the stream closed: nothing is waiting for more lines
+                return
+            finally:
+                os.close(fd)
+
+        threading.Thread(target=pump, name="code-sandbox stdin", daemon=True).start()
+        async with receive:
+            async for line in receive:
+                yield line
+
+
 def run_stdio_server(settings: Settings, profile: Profile) -> None:
-    """Serve MCP over stdin/stdout until the client closes stdin."""
-    build_server(settings, profile).run("stdio")
+    """Serve MCP over stdin/stdout until stdin closes or SIGTERM/SIGINT arrives; then remove every sandbox."""
+    server = SandboxServer(settings, profile)
+
+    async def serve() -> None:
+        async with anyio.create_task_group() as group:
+
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for _signum in signals:
+                        group.cancel_scope.cancel()
+                        return
+
+            group.start_soon(stop_on_signal)
+            async with stdio_server(stdin=cast(Any, _StdinLines())) as (read, write):
+                lowlevel = server._lowlevel_server  # pyright: ignore[reportPrivateUsage] - run_stdio_async, our stdin
+                await lowlevel.run(read, write, lowlevel.create_initialization_options())
+            group.cancel_scope.cancel()
+
+    try:
+        anyio.run(serve)
+    finally:
+        server.engine.close()

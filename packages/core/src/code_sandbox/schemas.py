@@ -1,0 +1,258 @@
+"""The MCP tools' input and output models: strict, bounded, every field described.
+
+Input models refuse unknown fields and never coerce types. Bounds appear in the JSON schema, so a client sees
+them before it calls. The run models are built per server, because their timeout bounds are settings.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from code_sandbox.execution import MAX_ARGUMENT_BYTES, MAX_ARGUMENTS
+from code_sandbox.workspace import (
+    DEFAULT_READ_BYTES,
+    MAX_FILE_BYTES,
+    MAX_FILES_PER_CALL,
+    MAX_LIST_DEPTH,
+)
+
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{43}$"
+MAX_PATH_CHARS = 1024
+
+
+class StrictInput(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Output(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+SessionId = Annotated[
+    str,
+    Field(
+        description="The sandbox's opaque ID, exactly as create_sandbox returned it (43 URL-safe characters).",
+        pattern=SESSION_ID_PATTERN,
+        min_length=43,
+        max_length=43,
+    ),
+]
+WorkspacePath = Annotated[
+    str,
+    Field(
+        description=(
+            "A path relative to the workspace root, with '/' separators, e.g. 'src/util.js'. No absolute paths, "
+            "'..', '.', empty components, drive letters, ':' or a leading '-'. At most 1024 bytes and 20 levels."
+        ),
+        min_length=1,
+        max_length=MAX_PATH_CHARS,
+    ),
+]
+
+
+class FileInput(StrictInput):
+    path: WorkspacePath
+    content: Annotated[
+        str,
+        Field(description="The file's full text (UTF-8). At most 2 MiB once encoded.", max_length=MAX_FILE_BYTES),
+    ]
+
+
+Files = Annotated[
+    list[FileInput],
+    Field(
+        description=(
+            "1 to 100 files to write. Missing parent directories are created. Limits: 2 MiB a file, 8 MiB a "
+            "request, and a workspace of at most 100 entries (files and directories both count) and 64 MiB."
+        ),
+        min_length=1,
+        max_length=MAX_FILES_PER_CALL,
+    ),
+]
+
+
+class CreateSandboxInput(StrictInput):
+    pass
+
+
+class SessionInput(StrictInput):
+    session_id: SessionId
+
+
+class WriteFilesInput(StrictInput):
+    session_id: SessionId
+    files: Files
+    overwrite: bool = Field(
+        default=False,
+        description="Replace files that already exist. When false (the default) an existing file is left "
+        "untouched and reported as 'exists'.",
+    )
+
+
+class ListFilesInput(StrictInput):
+    session_id: SessionId
+    path: str = Field(
+        default=".",
+        description="The directory to list, relative to the workspace root; '.' (the default) is the root.",
+        min_length=1,
+        max_length=MAX_PATH_CHARS,
+    )
+    recursive: bool = Field(default=True, description="Descend into subdirectories (up to max_depth).")
+    max_depth: int = Field(
+        default=MAX_LIST_DEPTH,
+        ge=0,
+        le=MAX_LIST_DEPTH,
+        description="How many directory levels below 'path' to descend; 0 lists only its direct children.",
+    )
+
+
+class ReadFileInput(StrictInput):
+    session_id: SessionId
+    path: WorkspacePath
+    max_bytes: int = Field(
+        default=DEFAULT_READ_BYTES,
+        ge=1,
+        le=MAX_FILE_BYTES,
+        description="Return at most this many bytes (default 65536, at most 2 MiB); the cut never splits a "
+        "character and sets truncated=true.",
+    )
+
+
+class DeleteFilesInput(StrictInput):
+    session_id: SessionId
+    paths: list[WorkspacePath] = Field(
+        description="1 to 100 regular files to delete. Directories and the workspace root cannot be deleted.",
+        min_length=1,
+        max_length=MAX_FILES_PER_CALL,
+    )
+
+
+Argument = Annotated[str, Field(max_length=MAX_ARGUMENT_BYTES)]
+
+
+def run_input_models(
+    *, entrypoint_suffixes: tuple[str, ...], default_timeout: int, max_timeout: int
+) -> tuple[type[StrictInput], type[StrictInput]]:
+    """The run tool's and execute_javascript's input models, bounded by this server's settings."""
+    suffixes = ", ".join(entrypoint_suffixes)
+    entrypoint: Any = (
+        str,
+        Field(
+            description=f"The file to run, relative to the workspace root, ending in {suffixes}; e.g. 'index.js'.",
+            min_length=1,
+            max_length=MAX_PATH_CHARS,
+        ),
+    )
+    arguments: Any = (
+        list[Argument],
+        Field(
+            default_factory=list,
+            description=f"Command-line arguments, passed verbatim (no shell): at most {MAX_ARGUMENTS}, each at most "
+            f"{MAX_ARGUMENT_BYTES} bytes, no NUL characters.",
+            max_length=MAX_ARGUMENTS,
+        ),
+    )
+    timeout: Any = (
+        int,
+        Field(
+            default=default_timeout,
+            ge=1,
+            le=max_timeout,
+            description=f"Kill the program after this many seconds (1 to {max_timeout}, default {default_timeout}); "
+            "the result then has timed_out=true.",
+        ),
+    )
+    run = create_model(
+        "RunInput",
+        __base__=StrictInput,
+        session_id=(SessionId, ...),
+        entrypoint=entrypoint,
+        arguments=arguments,
+        timeout_seconds=timeout,
+    )
+    execute = create_model(
+        "ExecuteInput",
+        __base__=StrictInput,
+        files=(Files, ...),
+        entrypoint=entrypoint,
+        arguments=arguments,
+        timeout_seconds=timeout,
+    )
+    return run, execute
+
+
+# -- outputs -----------------------------------------------------------------------------------------------------
+
+
+class CreateSandboxOutput(Output):
+    session_id: str = Field(description="Pass this to every other tool. It is a secret-like random token.")
+    expires_at: str = Field(description="UTC time (ISO 8601) when the sandbox is destroyed whatever happens.")
+    idle_timeout_seconds: int = Field(description="The sandbox is destroyed after this long without a call.")
+    profile: str = Field(description="The runtime profile, e.g. javascript-offline.")
+
+
+class FileStatus(Output):
+    path: str = Field(description="The normalised path.")
+    status: Literal["written", "overwritten", "exists"] = Field(
+        description="written: created; overwritten: replaced; exists: already there and left as it was."
+    )
+
+
+class WriteFilesOutput(Output):
+    results: list[FileStatus] = Field(description="One status per requested file, in request order.")
+
+
+class Entry(Output):
+    path: str = Field(description="Relative to the workspace root.")
+    type: Literal["file", "directory"]
+    size: int = Field(description="Bytes; 0 for directories.")
+
+
+class ListFilesOutput(Output):
+    entries: list[Entry] = Field(description="Sorted by path.")
+    truncated: bool = Field(description="True when more than 1000 entries existed and the list was cut.")
+
+
+class ReadFileOutput(Output):
+    content: str = Field(description="The file's text, or its first max_bytes bytes cut at a character boundary.")
+    size: int = Field(description="The whole file's size in bytes.")
+    truncated: bool = Field(description="True when content is only the beginning of the file.")
+
+
+class DeleteStatus(Output):
+    path: str
+    status: Literal["deleted", "missing", "not_a_file"] = Field(
+        description="deleted; missing: there was no such file; not_a_file: a directory or other non-file, left alone."
+    )
+
+
+class DeleteFilesOutput(Output):
+    results: list[DeleteStatus] = Field(description="One status per requested path, in request order.")
+
+
+class RunOutput(Output):
+    exit_code: int | None = Field(description="The program's exit code; null when a signal killed it.")
+    signal: str | None = Field(description="The signal that killed the program (e.g. SIGKILL), else null.")
+    timed_out: bool = Field(description="True when the program was killed at timeout_seconds.")
+    oom_killed: bool = Field(description="True when the 512 MiB memory limit killed the program.")
+    stdout: str = Field(description="Standard output, UTF-8 (invalid bytes replaced), at most 1 MiB.")
+    stderr: str = Field(description="Standard error, UTF-8 (invalid bytes replaced), at most 1 MiB.")
+    stdout_truncated: bool = Field(description="True when stdout passed 1 MiB; the program was then killed.")
+    stderr_truncated: bool = Field(description="True when stderr passed 1 MiB; the program was then killed.")
+    termination_reason: Literal["exited", "signaled", "timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed"] = Field(
+        description="Why the program ended."
+    )
+    duration_ms: int = Field(description="Wall-clock run time in milliseconds.")
+
+
+class DestroyOutput(Output):
+    destroyed: bool = Field(
+        description="True when a live sandbox was destroyed now; false when it was already gone (not an error)."
+    )
+
+
+class ErrorDetail(Output):
+    code: str
+    message: str

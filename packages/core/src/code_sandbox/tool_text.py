@@ -1,0 +1,77 @@
+"""What each tool says to a model: purpose, side effects, limits, result, and when to use a sibling instead."""
+
+from __future__ import annotations
+
+INSTRUCTIONS = """\
+Disposable, offline {language} sandboxes for running code you wrote. Nothing you run can reach the network, \
+the user's files or their secrets.
+- One-off run: {execute_tool} (files in, result out, sandbox removed).
+- Iterating: create_sandbox -> write_files -> {run_tool} -> read the result -> write_files (overwrite=true) -> \
+{run_tool} again ... -> destroy_sandbox when done.
+- A sandbox expires after {idle}s without a call and {lifetime}s after creation; at most {sessions} exist at once.
+Errors start with a stable code (e.g. PATH_TRAVERSAL: ...). Codes that say the sandbox was destroyed mean: \
+create a new one."""
+
+CREATE_SANDBOX = """\
+Create a new, empty, offline sandbox and return its session_id. Use it when you will write files and run them \
+more than once (iterate, fix, rerun); for a single run use {execute_tool} instead, which needs no cleanup.
+
+Side effects: starts one isolated container (no network, read-only system, 512 MiB memory, 1 CPU, 128 \
+processes, a 64 MiB workspace at /workspace). At most {sessions} sandboxes may exist at once \
+(SESSION_LIMIT_EXCEEDED otherwise: destroy one you no longer need). The sandbox is destroyed automatically after \
+{idle}s without a call or {lifetime}s after creation, whichever comes first.
+
+Returns session_id (pass it to every other tool), expires_at, idle_timeout_seconds and profile."""
+
+WRITE_FILES = """\
+Write one or more UTF-8 text files into a sandbox's workspace, creating parent directories. Use it to add \
+source files before {run_tool}, and with overwrite=true to replace a file you are fixing. To run files once \
+without keeping a sandbox, use {execute_tool} instead.
+
+Limits, all checked before anything is written (a refused call changes nothing): 1-100 files per call, 2 MiB \
+per file (FILE_TOO_LARGE), 8 MiB per call, and a workspace of at most 100 entries (files and directories both \
+count) and 64 MiB (WORKSPACE_LIMIT_EXCEEDED). Paths are relative ('src/app.js'); '..', absolute paths and \
+other escapes are refused (PATH_TRAVERSAL, INVALID_PATH).
+
+Returns a status per file: written, overwritten, or exists (left untouched because overwrite was false)."""
+
+LIST_FILES = """\
+List files and directories in a sandbox's workspace, including files your programs created. Read-only. Use it \
+to check what exists before reading or running; use read_file to see a file's content.
+
+Returns entries {{path, type ('file' or 'directory'), size in bytes}} sorted by path, and truncated=true when \
+more than 1000 entries matched."""
+
+READ_FILE = """\
+Read a UTF-8 text file from a sandbox's workspace, e.g. output your program wrote. Read-only. Use list_files \
+first when you do not know the exact path.
+
+Returns content (at most max_bytes bytes, never cutting a character), size (the whole file) and truncated. \
+Files with invalid UTF-8 or NUL bytes are refused with BINARY_FILE; missing files with NOT_FOUND."""
+
+DELETE_FILES = """\
+Delete regular files from a sandbox's workspace. Irreversible. Use it to remove stale files before a rerun; to \
+discard everything, use destroy_sandbox instead. Directories and the workspace root cannot be deleted.
+
+Returns a status per path: deleted, missing (nothing there; not an error), or not_a_file (a directory, left \
+alone)."""
+
+DESTROY_SANDBOX = """\
+Destroy a sandbox: stop its container and discard its workspace and every file in it. Irreversible. Call it \
+when you are done iterating ({execute_tool} sandboxes need no destroy). Safe to call twice: destroying an \
+unknown or already destroyed sandbox returns destroyed=false, not an error.
+
+If the container cannot be removed yet, the error is CONTAINER_REMOVAL_FAILED; the sandbox is disabled and \
+its removal is retried automatically."""
+
+EXECUTE = """\
+Run {language} in one call: create a fresh sandbox, write the given files, run the entrypoint, return the \
+result, and destroy the sandbox whatever happened. Use it for a single self-contained run. To iterate (run, \
+fix a file, run again) use create_sandbox, write_files and {run_tool} instead, which keep the files.
+
+The program runs exactly as with {run_tool}: no network, 512 MiB memory, output capped at 1 MiB per stream, \
+timeout_seconds up to {max_timeout}. Same file limits as write_files. Counts against the sandbox limit while \
+it runs.
+
+Returns exit_code, signal, timed_out, oom_killed, stdout, stderr, the truncation flags, termination_reason \
+and duration_ms."""

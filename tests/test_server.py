@@ -1,0 +1,365 @@
+"""End to end: `code-sandbox serve` as a subprocess, driven by the official MCP client over stdio."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import pytest
+from code_sandbox.engine import DockerEngine
+from code_sandbox.hardening import LABEL_MANAGED
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.types import CallToolResult, TextContent
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("image_id", "cleanup_managed")]
+
+CLI = str(Path(sys.executable).parent / "code-sandbox")
+TEE = str(Path(__file__).parent / "support" / "stdout_tee.py")
+SECRET = "S3CR3T-VALUE-7f9a"  # noqa: S105 - a marker that must never be echoed, not a password
+
+
+def server_env(tmp_path: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODE_SANDBOX_")}
+    env["CODE_SANDBOX_AUDIT_LOG"] = str(tmp_path / "state" / "audit.jsonl")
+    env.update({f"CODE_SANDBOX_{key.upper()}": value for key, value in settings.items()})
+    return env
+
+
+@asynccontextmanager
+async def connect(tmp_path: Path, **settings: str) -> AsyncGenerator[ClientSession]:
+    capture = tmp_path / f"stdout-{time.monotonic_ns()}.bin"
+    params = StdioServerParameters(
+        command=sys.executable, args=[TEE, str(capture), CLI, "serve"], env=server_env(tmp_path, **settings)
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+    for line in capture.read_bytes().splitlines():
+        message = json.loads(line)  # every stdout line is a JSON-RPC message
+        assert message["jsonrpc"] == "2.0"
+
+
+def ok(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    content: object = result.structured_content
+    assert isinstance(content, dict)
+    return cast(dict[str, Any], content)
+
+
+def error_code(result: CallToolResult) -> str:
+    assert result.is_error
+    block = result.content[0]
+    assert isinstance(block, TextContent)
+    text = block.text
+    code = text.split(":", 1)[0]
+    assert result.structured_content == {"error": {"code": code, "message": text.split(": ", 1)[1]}}
+    return code
+
+
+async def test_the_tool_list_documents_every_parameter_with_annotations_and_output_schemas(tmp_path: Path) -> None:
+    async with connect(tmp_path) as client:
+        tools = (await client.list_tools()).tools
+    names = {tool.name for tool in tools}
+    assert names == {
+        "create_sandbox", "write_files", "list_files", "read_file", "delete_files", "run_javascript",
+        "destroy_sandbox", "execute_javascript",
+    }  # fmt: skip
+    for tool in tools:
+        assert tool.description and len(tool.description) > 200, tool.name
+        assert tool.output_schema is not None, tool.name
+        assert tool.input_schema.get("additionalProperties") is False, tool.name
+        annotations = tool.annotations
+        assert annotations is not None and annotations.open_world_hint is False, tool.name
+        assert None not in (annotations.read_only_hint, annotations.destructive_hint, annotations.idempotent_hint)
+        for name, prop in tool.input_schema.get("properties", {}).items():
+            assert prop.get("description"), (tool.name, name)
+    by_name = {tool.name: tool for tool in tools}
+    assert by_name["read_file"].annotations.read_only_hint is True  # type: ignore[union-attr]
+    assert by_name["destroy_sandbox"].annotations.destructive_hint is True  # type: ignore[union-attr]
+    run_props = by_name["run_javascript"].input_schema["properties"]
+    assert run_props["timeout_seconds"]["maximum"] == 120 and run_props["arguments"]["maxItems"] == 32
+    assert "execute_javascript" in (by_name["create_sandbox"].description or "")
+
+
+URL_FILES = {
+    "normalize.js": """
+exports.normalize = (raw) => {
+  const url = new URL(raw.trim());
+  url.hash = '';
+  url.hostname = url.hostname.toLowerCase();
+  const defaults = { 'https:': '443', 'http:': '80' };
+  if (url.port === defaults[url.protocol]) url.port = '';
+  const path = url.pathname.replace(/\\/+$/, '');
+  return `${url.protocol}//${url.host}${path}${url.search}`;
+};
+""",
+    "test-data.js": """
+module.exports = ['https://Example.com/a/', 'https://example.com:443/a', 'http://example.com/b#x', 'https://EXAMPLE.com/a'];
+""",
+    "index.js": """
+const { normalize } = require('./normalize');
+const urls = require('./test-data');
+const unique = [...new Set(urls.map(normalize))];
+console.log(JSON.stringify(unique));
+""",
+}
+
+
+async def test_the_iterate_workflow_writes_lists_runs_overwrites_reruns_and_destroys(tmp_path: Path) -> None:
+    async with connect(tmp_path) as client:
+        session_id = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+        files = [{"path": path, "content": content} for path, content in URL_FILES.items()]
+        written = ok(await client.call_tool("write_files", {"session_id": session_id, "files": files}))
+        assert [r["status"] for r in written["results"]] == ["written"] * 3
+        listed = ok(await client.call_tool("list_files", {"session_id": session_id}))
+        assert [e["path"] for e in listed["entries"]] == ["index.js", "normalize.js", "test-data.js"]
+        first = ok(await client.call_tool("run_javascript", {"session_id": session_id, "entrypoint": "index.js"}))
+        assert json.loads(first["stdout"]) == ["https://example.com/a", "http://example.com/b"]
+        extra = "module.exports = ['https://example.com/a', 'https://other.org/'];"
+        update = {"session_id": session_id, "files": [{"path": "test-data.js", "content": extra}], "overwrite": True}
+        assert ok(await client.call_tool("write_files", update))["results"][0]["status"] == "overwritten"
+        second = ok(await client.call_tool("run_javascript", {"session_id": session_id, "entrypoint": "index.js"}))
+        assert json.loads(second["stdout"]) == ["https://example.com/a", "https://other.org"]
+        assert ok(await client.call_tool("destroy_sandbox", {"session_id": session_id})) == {"destroyed": True}
+        assert ok(await client.call_tool("destroy_sandbox", {"session_id": session_id})) == {"destroyed": False}
+    audit = tmp_path / "state" / "audit.jsonl"
+    assert stat.S_IMODE(audit.stat().st_mode) == 0o600
+    text = audit.read_text()
+    records = [json.loads(line) for line in text.splitlines()]
+    assert [r["tool"] for r in records] == [
+        "create_sandbox", "write_files", "list_files", "run_javascript", "write_files", "run_javascript",
+        "destroy_sandbox", "destroy_sandbox",
+    ]  # fmt: skip
+    assert {r["result"] for r in records} == {"OK"}
+    assert len({r["session"] for r in records}) == 1
+    assert session_id not in text and "normalize" not in text and "example.com" not in text
+    assert str(tmp_path) not in text and str(Path.home()) not in text
+    assert records[1]["files"] == 3 and records[3]["exit_code"] == 0
+
+
+async def test_execute_javascript_runs_once_and_leaves_no_sandbox(tmp_path: Path, engine: DockerEngine) -> None:
+    async with connect(tmp_path) as client:
+        arguments = {"files": [{"path": "a.mjs", "content": "console.log(6 * 7)"}], "entrypoint": "a.mjs"}
+        assert ok(await client.call_tool("execute_javascript", arguments))["stdout"] == "42\n"
+        failing = {"files": [{"path": "a.js", "content": "throw new Error('x')"}], "entrypoint": "a.js"}
+        assert ok(await client.call_tool("execute_javascript", failing))["exit_code"] == 1
+        assert engine.list_containers(f"{LABEL_MANAGED}=true") == []
+
+
+async def test_every_client_reachable_error_code_arrives_as_a_tool_error(tmp_path: Path) -> None:
+    async with connect(tmp_path, max_sessions="2") as client:
+        sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+        other = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+
+        async def call(tool: str, **arguments: Any) -> str:
+            return error_code(await client.call_tool(tool, arguments))
+
+        assert await call("create_sandbox") == "SESSION_LIMIT_EXCEEDED"
+        assert await call("list_files", session_id="A" * 43) == "INVALID_SESSION"
+        assert await call("read_file", session_id=sid, path="../../etc/passwd") == "PATH_TRAVERSAL"
+        assert await call("read_file", session_id=sid, path="C:/windows") == "INVALID_PATH"
+        assert await call("read_file", session_id=sid, path="missing.txt") == "NOT_FOUND"
+        big = [{"path": "big.txt", "content": "x" * (2 * 1024 * 1024 + 1)}]
+        assert await call("write_files", session_id=sid, files=big) == "FILE_TOO_LARGE"
+        many = [{"path": f"src/{i}.js", "content": ""} for i in range(100)]
+        assert await call("write_files", session_id=sid, files=many) == "WORKSPACE_LIMIT_EXCEEDED"
+        binary = "const fs = require('fs'); fs.writeFileSync('bin.dat', Buffer.from([0, 0xff]));"
+        binary += "fs.writeFileSync('ro.txt', 'x'); fs.chmodSync('ro.txt', 0)"
+        await client.call_tool("write_files", {"session_id": sid, "files": [{"path": "mk.js", "content": binary}]})
+        ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "mk.js"}))
+        assert await call("read_file", session_id=sid, path="bin.dat") == "BINARY_FILE"
+        assert await call("read_file", session_id=sid, path="ro.txt") == "PERMISSION_DENIED"
+        assert await call("run_javascript", session_id=sid, entrypoint="mk.py") == "INVALID_PATH"
+        assert (
+            await call("run_javascript", session_id=sid, entrypoint="mk.js", timeout_seconds=121) == "INVALID_REQUEST"
+        )
+        stop = [{"path": "stop.js", "content": "process.kill(process.ppid, 'SIGSTOP'); setInterval(() => {}, 1000)"}]
+        await client.call_tool("write_files", {"session_id": other, "files": stop})
+        assert await call("run_javascript", session_id=other, entrypoint="stop.js", timeout_seconds=1) == "TIMEOUT"
+        assert await call("list_files", session_id=other) == "INVALID_SESSION"  # destroyed by the safety net
+        link = [{"path": "ln.js", "content": "require('fs').symlinkSync('/etc/passwd', 'pw')"}]
+        await client.call_tool("write_files", {"session_id": sid, "files": link})
+        ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "ln.js"}))
+        assert await call("read_file", session_id=sid, path="pw") == "WORKSPACE_INTEGRITY"
+        assert await call("no_such_tool") == "INVALID_REQUEST"
+
+
+async def test_an_idle_sandbox_answers_session_expired(tmp_path: Path) -> None:
+    async with connect(tmp_path, idle_timeout="10", max_lifetime="30", max_timeout="20", default_timeout="5") as client:
+        sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+        await anyio.sleep(10.2)
+        result = await client.call_tool("list_files", {"session_id": sid})
+        assert error_code(result) in ("SESSION_EXPIRED", "INVALID_SESSION")  # the reaper may have been first
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("create_sandbox", {SECRET: 1}),
+        ("read_file", {"session_id": SECRET, "path": "a.js"}),
+        ("read_file", {"session_id": "A" * 43, "path": SECRET * 100}),
+        ("read_file", {"session_id": "A" * 43, "path": "a.js", "max_bytes": SECRET}),
+        ("read_file", {"session_id": "A" * 43, "path": "a.js", "max_bytes": 10**12}),
+        ("write_files", {"session_id": "A" * 43, "files": [{"path": "a", "content": 5, SECRET: SECRET}]}),
+        ("write_files", {"session_id": "A" * 43, "files": SECRET}),
+        ("run_javascript", {"session_id": "A" * 43, "entrypoint": "a.js", "arguments": [SECRET] * 40}),
+        ("list_files", {"session_id": "A" * 43, "max_depth": "3"}),
+        ("read_file", {"session_id": "A" * 43, "path": f"../{SECRET}"}),
+        ("read_file", {"session_id": "A" * 43, "path": f"{SECRET}\u202e.js"}),
+    ],
+)
+async def test_invalid_arguments_give_a_coded_error_without_echoing_the_input(
+    tmp_path: Path, tool: str, arguments: dict[str, Any]
+) -> None:
+    async with connect(tmp_path) as client:
+        result = await client.call_tool(tool, arguments)
+    assert error_code(result) in ("INVALID_REQUEST", "INVALID_PATH", "PATH_TRAVERSAL")
+    assert SECRET not in json.dumps(result.model_dump(mode="json"))
+    assert "input_value" not in result.content[0].text  # type: ignore[union-attr]
+
+
+async def test_a_cancelled_run_frees_its_sandbox_and_the_server_stays_responsive(tmp_path: Path) -> None:
+    async with connect(tmp_path) as client:
+        sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+        other = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+        slow = [{"path": "slow.js", "content": "setTimeout(() => {}, 60000)"}]
+        ok(await client.call_tool("write_files", {"session_id": sid, "files": slow}))
+        timings: dict[str, float] = {}
+        async with anyio.create_task_group() as group:
+
+            async def long_run() -> None:
+                await client.call_tool(
+                    "run_javascript", {"session_id": sid, "entrypoint": "slow.js", "timeout_seconds": 60}
+                )
+
+            group.start_soon(long_run)
+            await anyio.sleep(1)
+            started = time.monotonic()
+            ok(await client.call_tool("list_files", {"session_id": other}))
+            timings["other"] = time.monotonic() - started
+            group.cancel_scope.cancel()
+        cancelled = time.monotonic()
+        ok(await client.call_tool("list_files", {"session_id": sid}))  # needs the lease the run held
+        timings["freed"] = time.monotonic() - cancelled
+        count = [
+            {
+                "path": "n.js",
+                "content": "console.log(require('fs').readdirSync('/proc').filter(p=>/^\\d+$/.test(p)).length)",
+            }
+        ]
+        ok(await client.call_tool("write_files", {"session_id": sid, "files": count}))
+        processes = ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "n.js"}))
+    assert timings["freed"] < 2 and timings["other"] < 1, timings
+    assert processes["stdout"] == "4\n"  # init, watchdog, runner, this program: the 60 s program is gone
+
+
+async def test_progress_notifications_arrive_during_a_long_run(tmp_path: Path) -> None:
+    updates: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        updates.append((progress, message))
+
+    async with connect(tmp_path) as client:
+        arguments = {
+            "files": [
+                {
+                    "path": "p.js",
+                    "content": "let i=0; const t=setInterval(()=>{console.log(i); if(++i>12) clearInterval(t)}, 200)",
+                }
+            ],
+            "entrypoint": "p.js",
+        }
+        ok(await client.call_tool("execute_javascript", arguments, progress_callback=on_progress))
+    assert len(updates) >= 1
+    assert updates[-1][0] >= 1 and "output bytes" in (updates[-1][1] or "")
+
+
+def _spawn_server(tmp_path: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [CLI, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=server_env(tmp_path)
+    )
+
+
+def _initialize_and_create(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    messages: list[dict[str, Any]] = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+         "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "create_sandbox", "arguments": {}}},
+    ]  # fmt: skip
+    for message in messages:
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+        proc.stdin.flush()
+    answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
+    assert answers[1]["result"]["isError"] is False
+
+
+@pytest.mark.parametrize("how", ["stdin-eof", "sigterm"])
+def test_the_server_removes_its_sandboxes_and_exits_0_on_eof_or_sigterm(
+    tmp_path: Path, engine: DockerEngine, how: str
+) -> None:
+    with _spawn_server(tmp_path) as proc:
+        _initialize_and_create(proc)
+        assert len(engine.list_containers(f"{LABEL_MANAGED}=true")) == 1
+        started = time.monotonic()
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            assert proc.stdin is not None
+            proc.stdin.close()
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - started < 10
+    assert engine.list_containers(f"{LABEL_MANAGED}=true") == []
+
+
+async def test_an_unreachable_daemon_at_start_gives_container_unavailable_not_a_crash(tmp_path: Path) -> None:
+    settings_env = server_env(tmp_path)
+    settings_env["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker.sock"
+    params = StdioServerParameters(command=CLI, args=["serve"], env=settings_env)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+        await client.initialize()
+        assert error_code(await client.call_tool("create_sandbox", {})) == "CONTAINER_UNAVAILABLE"
+        assert len((await client.list_tools()).tools) == 8
+
+
+INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
+
+
+def _inspector(tmp_path: Path, *method: str) -> dict[str, Any]:
+    npx = shutil.which("npx")
+    assert npx, "npx is needed for the independent-client test (CI installs Node.js)"
+    completed = subprocess.run(
+        [npx, "-y", INSPECTOR, "--cli", CLI, "serve", "--method", *method],
+        capture_output=True, timeout=240, env=server_env(tmp_path), check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return json.loads(completed.stdout)
+
+
+def test_an_independent_client_the_mcp_inspector_lists_and_calls_the_tools(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    listed = _inspector(tmp_path, "tools/list")
+    assert {tool["name"] for tool in listed["tools"]} >= {"create_sandbox", "destroy_sandbox", "run_javascript"}
+    created = _inspector(tmp_path, "tools/call", "--tool-name", "create_sandbox")
+    assert created["isError"] is False
+    session_id = created["structuredContent"]["session_id"]
+    # Each inspector call starts its own server; a server removes its sandboxes when its client goes away.
+    destroyed = _inspector(
+        tmp_path, "tools/call", "--tool-name", "destroy_sandbox", "--tool-arg", f"session_id={session_id}"
+    )
+    assert destroyed["isError"] is False and destroyed["structuredContent"] == {"destroyed": False}
+    assert engine.list_containers(f"{LABEL_MANAGED}=true") == []
