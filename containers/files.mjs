@@ -293,6 +293,12 @@ async function readExact(take, n) {
   return buf;
 }
 
+async function readFrame(take) {
+  const length = (await readExact(take, 4)).readUInt32BE(0);
+  if (length > MAX_HEADER_BYTES) throw new Refusal('INVALID_REQUEST');
+  return new TextDecoder('utf-8', { fatal: true }).decode(await readExact(take, length));
+}
+
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);
 const hasExactKeys = (v, keys) =>
   isPlainObject(v) && Object.keys(v).length === keys.length && keys.every((k) => Object.hasOwn(v, k));
@@ -394,12 +400,11 @@ function writeOne(parts, body, overwrite) {
   }
 }
 
-async function opWrite(req) {
+async function opWrite(req, take) {
   const limits = [req.max_file_bytes, req.max_entries, req.max_total_bytes];
   if (typeof req.overwrite !== 'boolean' || !limits.every((n) => Number.isSafeInteger(n) && n >= 0)) {
     throw new Refusal('INVALID_REQUEST');
   }
-  const take = stdinTaker();
   const length = (await readExact(take, 4)).readUInt32BE(0);
   if (length > MAX_HEADER_BYTES) throw new Refusal('INVALID_REQUEST');
   const files = parseHeader(await readExact(take, length));
@@ -458,14 +463,18 @@ async function main() {
   process.umask(0o077);
   const [op, text, ...rest] = process.argv.slice(2);
   if (!Object.hasOwn(OPS, op) || typeof text !== 'string' || rest.length > 0) throw new Refusal('INVALID_REQUEST');
+  const take = stdinTaker();
   let req;
   try {
-    req = JSON.parse(text);
-  } catch {
+    // "-": the request is the first frame on stdin (4-byte big-endian length, then JSON), which has no argv
+    // size limit; a single argv string is capped at 128 KiB by the kernel.
+    req = JSON.parse(text === '-' ? await readFrame(take) : text);
+  } catch (err) {
+    if (err instanceof Refusal) throw err;
     throw new Refusal('INVALID_REQUEST');
   }
   if (!hasExactKeys(req, REQUEST_KEYS[op])) throw new Refusal('INVALID_REQUEST');
-  if (op === 'write') return opWrite(req); // consumes stdin first; takes its inventory itself
+  if (op === 'write') return opWrite(req, take); // consumes stdin first; takes its inventory itself
   const inventory = takeInventory();
   if (op === 'inventory') return { entries: inventory.entries, bytes: inventory.bytes, overflow: inventory.overflow };
   return OPS[op](req);

@@ -29,6 +29,33 @@ function answer(obj) {
   process.stdout.write(`${JSON.stringify(obj)}\n`, () => process.exit(0));
 }
 
+const MAX_REQUEST_BYTES = 4 * 1024 * 1024;
+
+// Reads one length-prefixed frame from stdin, never waiting for EOF; null when it is cut short or too large.
+async function readFrame() {
+  const chunks = [];
+  let have = 0;
+  let need = 4;
+  let length = null;
+  for await (const chunk of process.stdin) {
+    chunks.push(chunk);
+    have += chunk.length;
+    if (length === null && have >= 4) {
+      length = Buffer.concat(chunks).readUInt32BE(0);
+      if (length > MAX_REQUEST_BYTES) return null;
+      need = 4 + length;
+    }
+    if (length !== null && have >= need) break;
+  }
+  if (length === null || have < need) return null;
+  process.stdin.pause();
+  try {
+    return new TextDecoder('utf-8', { fatal: true }).decode(Buffer.concat(chunks).subarray(4, need));
+  } catch {
+    return null;
+  }
+}
+
 function parseRequest(text) {
   let req;
   try {
@@ -216,7 +243,11 @@ async function main() {
     const { cleanup, killed } = await killLeftovers();
     return { ok: true, killed, cleanup };
   }
-  const req = args.length === 1 ? parseRequest(args[0]) : null;
+  if (args.length !== 1) return refusal('INVALID_REQUEST');
+  // "-": the request is one frame on stdin (4-byte big-endian length, then JSON), which has no argv size limit;
+  // the kernel caps a single argv string at 128 KiB, less than 32 arguments of 4 KiB in JSON.
+  const text = args[0] === '-' ? await readFrame() : args[0];
+  const req = text === null ? null : parseRequest(text);
   return req === null ? refusal('INVALID_REQUEST') : run(req);
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from code_sandbox.engine import DockerEngine
@@ -14,6 +15,8 @@ from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
 
 TEST_LABEL = "io.code-sandbox.test"
+# What /tmp held before any test ran; the final check shows that the suite added nothing outside its own dirs.
+TMP_SNAPSHOT = frozenset(entry.name for entry in Path("/tmp").iterdir())
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,11 @@ async def manager(engine: DockerEngine, profile: Profile, image_id: str) -> Asyn
 
 
 @pytest.fixture
+def settings_for_short_life() -> Settings:
+    return Settings(max_lifetime=8, idle_timeout=8, max_sessions=4, default_timeout=5, max_timeout=60)
+
+
+@pytest.fixture
 async def session(manager: SessionManager) -> Session:
     return await manager.create()
 
@@ -144,6 +149,51 @@ async def test_detached_children_are_killed_and_the_run_returns_promptly(
     assert result.exit_code == 0 and result.stdout.startswith("parent done")
     assert result.leftover_processes_killed >= 1
     assert (await run(manager, session, COUNT_LEFTOVERS, name="count.js")).stdout == "0\n"
+
+
+async def test_the_largest_allowed_arguments_reach_the_program(manager: SessionManager, session: Session) -> None:
+    # 32 arguments of 4096 bytes are more than the kernel allows in one argv string; requests go over stdin.
+    arguments = [chr(0x41 + i % 26) * 4096 for i in range(31)] + ["ж" * 2048]
+    result = await run(
+        manager, session, "console.log(process.argv.slice(2).map(a => a.length).join(','))", arguments=arguments
+    )
+    assert result.stdout.strip() == ",".join(["4096"] * 31 + ["2048"])
+
+
+async def test_a_run_near_the_end_of_the_lifetime_times_out_instead_of_failing(
+    manager: SessionManager, settings_for_short_life: Settings
+) -> None:
+    manager.settings = settings_for_short_life
+    session = await manager.create()
+    await anyio.sleep(settings_for_short_life.max_lifetime - 3)
+    result = await run(manager, session, "setTimeout(() => {}, 60000)", timeout=20)
+    assert result.timed_out is True and result.duration_ms < 4000
+
+
+class _GarbledAnswer:
+    """Wraps the real engine; the runner's answer loses a field (user code shares the runner's uid)."""
+
+    def __init__(self, engine: DockerEngine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def exec(self, container_id: str, argv: list[str], **kwargs: Any) -> ExecResult:
+        result = self._engine.exec(container_id, argv, **kwargs)
+        if argv[1].endswith("runner.mjs") and argv[2] != "--kill-all":
+            answer = json.loads(result.stdout)
+            del answer["stdout_b64"]
+            return ExecResult(result.exit_code, json.dumps(answer).encode() + b"\n", result.stderr)
+        return result
+
+
+async def test_a_garbled_runner_answer_destroys_the_session(manager: SessionManager, session: Session) -> None:
+    manager.engine = _GarbledAnswer(manager.engine)  # type: ignore[assignment]
+    with pytest.raises(SandboxError) as caught:
+        await run(manager, session, "console.log(1)")
+    assert caught.value.code == ErrorCode.INTERNAL_ERROR
+    assert len(manager) == 0
 
 
 async def test_entrypoint_suffix_and_argument_limits_are_enforced(manager: SessionManager, session: Session) -> None:

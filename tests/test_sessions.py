@@ -13,11 +13,11 @@ from typing import Any
 
 import anyio
 import pytest
-from code_sandbox.engine import ContainerFacts, DockerEngine
+from code_sandbox.engine import ContainerFacts, DaemonFacts, DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, SANDBOX_USER, ContainerRequest
 from code_sandbox.plugins import Profile
-from code_sandbox.sessions import Session, SessionManager, judge_container, sweep_managed
+from code_sandbox.sessions import Session, SessionManager, judge_container, require_enforcement, sweep_managed
 from code_sandbox.settings import Settings
 from code_sandbox_cli.main import app
 from typer.testing import CliRunner
@@ -114,6 +114,35 @@ async def test_every_process_runs_without_capabilities_and_with_no_new_privs(
     rows = json.loads(_node(engine, session, script))
     assert len(rows) >= 3  # init, watchdog, this exec
     assert all(row == ["0000000000000000", "1", "2"] for row in rows), rows
+
+
+async def test_concurrent_creates_never_pass_the_session_cap(manager: SessionManager) -> None:
+    outcomes: list[str] = []
+
+    async def create() -> None:
+        try:
+            await manager.create()
+            outcomes.append("created")
+        except SandboxError as error:
+            outcomes.append(error.code)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(6):
+            group.start_soon(create)
+    assert sorted(outcomes) == ["SESSION_LIMIT_EXCEEDED"] * 4 + ["created"] * 2
+    assert len(manager) == 2
+
+
+def test_an_engine_without_seccomp_or_linux_containers_is_refused() -> None:
+    for facts in (
+        DaemonFacts(architecture="x86_64", os_type="linux", apparmor=False, seccomp=False),
+        DaemonFacts(architecture="x86_64", os_type="windows", apparmor=False, seccomp=True),
+    ):
+        # A daemon cannot be switched to these modes on demand, so the rule is checked on the facts it reports.
+        with pytest.raises(SandboxError) as caught:
+            require_enforcement(facts)
+        assert caught.value.code == ErrorCode.CONTAINER_UNAVAILABLE
+    require_enforcement(DaemonFacts(architecture="x86_64", os_type="linux", apparmor=False, seccomp=True))
 
 
 async def test_session_cap_is_enforced_and_destroy_is_idempotent(manager: SessionManager) -> None:
@@ -241,9 +270,27 @@ def _managed_container(engine: DockerEngine, image_id: str, labels: dict[str, st
 
 
 def test_sweep_removes_a_stopped_managed_container(engine: DockerEngine, image_id: str) -> None:
-    container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)}, start=False)
+    # Created without auto-remove and started with a 1 s watchdog: it exits and stays, stopped.
+    request = ContainerRequest(
+        image_id=image_id,
+        command=["/usr/local/bin/node", "/opt/sandbox/watchdog.mjs", "1"],
+        labels={LABEL_MANAGED: "true", TEST_LABEL: "1", LABEL_EXPIRES_AT: str(int(time.time()) + 600)},
+        apparmor=engine.daemon_facts().apparmor,
+    )
+    container = engine.create_container(request, start=False)
+    engine.start_container(container)
+    deadline = time.monotonic() + 20
+    while (facts := engine.container_facts(container)) is not None and facts.state == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
     sweep_managed(engine, max_lifetime=600)
     assert engine.container_facts(container) is None
+
+
+def test_sweep_keeps_a_container_that_another_server_is_still_creating(engine: DockerEngine, image_id: str) -> None:
+    container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)}, start=False)
+    sweep_managed(engine, max_lifetime=600)
+    assert engine.container_facts(container) is not None
 
 
 def test_sweep_removes_an_expired_running_container(engine: DockerEngine, image_id: str) -> None:

@@ -156,6 +156,13 @@ async def test_list_depth_recursion_and_paths(manager: SessionManager, session: 
         assert bad_size.value.code == ErrorCode.INVALID_REQUEST
 
 
+async def test_a_hundred_long_paths_fit_in_one_call(manager: SessionManager, session: Session) -> None:
+    # 100 paths of ~1000 bytes of CJK and quotes are far beyond one argv string; requests go over stdin.
+    part = "字" * 82  # 246 bytes; four of them and a quoted name make ~1000 bytes per path
+    paths = [f'{part}/{part}/{part}/{part}/{i:03}"q".txt' for i in range(100)]
+    assert await delete_files(manager, session.id, paths) == ["missing"] * 100
+
+
 async def test_delete_reports_each_path_and_refuses_directories(manager: SessionManager, session: Session) -> None:
     await write_files(manager, session.id, [("a.js", "1"), ("d/b.js", "2")], overwrite=False)
     assert await delete_files(manager, session.id, ["a.js", "gone.js", "d"]) == ["deleted", "missing", "not_a_file"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import sys
 import threading
 from collections.abc import Mapping
@@ -31,12 +32,16 @@ def default_audit_path() -> Path:
 
 
 class AuditLog:
-    """Appends audit records; disabled instances do nothing."""
+    """Appends audit records from a background writer thread, so a slow disk never delays a call.
+
+    Disabled instances do nothing. :meth:`close` writes what is queued (bounded in time).
+    """
 
     def __init__(self, path: Path | None, *, enabled: bool) -> None:
         self.path = path or default_audit_path()
         self.enabled = enabled
-        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
         self._warned = False
 
     def record(
@@ -62,13 +67,26 @@ class AuditLog:
             },
             separators=(",", ":"),
         )
-        try:
-            with self._lock:
-                self._append(line + "\n")
-        except OSError:
-            if not self._warned:
-                self._warned = True
-                logger.warning("the audit log could not be written; calls continue without it")
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_queued, name="code-sandbox audit", daemon=True)
+            self._writer.start()
+        self._queue.put(line + "\n")
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Write every queued record, waiting at most ``timeout`` seconds."""
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join(timeout)
+            self._writer = None
+
+    def _write_queued(self) -> None:
+        while (line := self._queue.get()) is not None:
+            try:
+                self._append(line)
+            except OSError:
+                if not self._warned:
+                    self._warned = True
+                    logger.warning("the audit log could not be written; calls continue without it")
 
     def _append(self, line: str) -> None:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

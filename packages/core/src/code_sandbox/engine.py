@@ -154,7 +154,9 @@ class DockerEngine:
                 architecture=_normalise_arch(str(info.get("Architecture", ""))),
                 os_type=str(info.get("OSType", "")),
                 apparmor=any(option.startswith("name=apparmor") for option in options),
-                seccomp=any(option.startswith("name=seccomp") for option in options),
+                seccomp=any(
+                    option.startswith("name=seccomp") and "profile=unconfined" not in option for option in options
+                ),
             )
         return self._daemon
 
@@ -276,6 +278,11 @@ class DockerEngine:
                 with contextlib.suppress(SandboxError):
                     self.remove_container(container_id)
             raise
+
+    def start_container(self, container_id: str) -> None:
+        """Start a container created with ``start=False`` (it then does not remove itself)."""
+        with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
+            self.api().start(container_id)
 
     def remove_container(self, container_id: str) -> bool:
         """Force-remove a container. Returns ``False`` when Docker says it is already gone."""
@@ -404,8 +411,11 @@ class DockerEngine:
         try:
             if stdin is not None:
                 _send_all(raw, stdin, deadline)
-                with contextlib.suppress(OSError):
-                    raw.shutdown(socket.SHUT_WR)
+                # Half-close tells the helper no more input comes. Only on a plain socket: on TLS it would end the
+                # session layer, and a Windows named pipe closes entirely. Helpers read exact lengths anyway.
+                if type(raw) is socket.socket:
+                    with contextlib.suppress(OSError):
+                        raw.shutdown(socket.SHUT_WR)
             stdout, stderr = _read_frames(raw, deadline, max_stdout, max_stderr, on_stderr)
         finally:
             # SocketIO.close() leaves the socket it wraps open; close both.
@@ -442,7 +452,7 @@ def _send_all(raw: socket.socket, chunks: Iterable[bytes], deadline: float) -> N
                 view = view[sent:]
     except TimeoutError:
         raise SandboxError(ErrorCode.TIMEOUT, "sending files to the sandbox took too long") from None
-    except OSError:
+    except Exception:  # OSError here; other transports (a Windows named pipe) raise their own types
         raise SandboxError(ErrorCode.TRANSFER_FAILED, "the transfer to the sandbox broke off") from None
 
 
@@ -459,7 +469,7 @@ def _recv_exact(raw: socket.socket, size: int, deadline: float) -> bytes | None:
             chunk = raw.recv(min(remaining, 1 << 20))
         except TimeoutError:
             raise SandboxError(ErrorCode.TIMEOUT, "the sandbox helper did not answer in time") from None
-        except OSError:
+        except Exception:  # OSError here; other transports (a Windows named pipe) raise their own types
             raise SandboxError(ErrorCode.TRANSFER_FAILED, "the connection to the sandbox broke off") from None
         if not chunk:
             if remaining == size:
@@ -485,12 +495,13 @@ def _read_frames(
         if header is None:
             return bytes(out), bytes(err)
         stream, length = struct.unpack(">BxxxL", header)
+        target, limit = (out, max_stdout) if stream == _STDOUT else (err, max_stderr)
+        # Check before reading: a bogus length must not make us buffer up to 4 GiB.
+        if stream not in (_STDOUT, _STDERR) or len(target) + length > limit:
+            raise SandboxError(ErrorCode.TRANSFER_FAILED, "the sandbox helper answered out of protocol")
         payload = _recv_exact(raw, length, deadline) if length else b""
         if payload is None:
             raise SandboxError(ErrorCode.TRANSFER_FAILED, "the connection to the sandbox broke off")
-        target, limit = (out, max_stdout) if stream == _STDOUT else (err, max_stderr)
-        if stream not in (_STDOUT, _STDERR) or len(target) + len(payload) > limit:
-            raise SandboxError(ErrorCode.TRANSFER_FAILED, "the sandbox helper answered out of protocol")
         target.extend(payload)
         if stream == _STDERR and on_stderr is not None:
             on_stderr(payload)

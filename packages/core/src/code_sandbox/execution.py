@@ -15,8 +15,11 @@ be verified, the sandbox is destroyed instead.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,6 +27,8 @@ from typing import Any, Literal
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.helpers import HelperCrash, call_helper
@@ -39,6 +44,8 @@ MAX_ARGUMENT_BYTES = 4096
 HOST_GRACE_SECONDS = 5.0
 """How long past the run's deadline the host waits for the runner before it destroys the sandbox."""
 CANCEL_TIMEOUT_SECONDS = 5.0
+CANCEL_KILL_ATTEMPTS = 3
+CANCEL_WAIT_SECONDS = 0.5
 
 Progress = Callable[[float, int], Coroutine[Any, Any, None]]
 """Called about once a second during a run with (elapsed seconds, output bytes so far)."""
@@ -75,6 +82,27 @@ def validate_arguments(arguments: Sequence[str]) -> list[str]:
     return list(arguments)
 
 
+class RunnerAnswer(BaseModel):
+    """The runner's answer, checked strictly: it shares a uid with user code, so it is trusted only this far."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    ok: Literal[True]
+    exit_code: int | None
+    signal: str | None
+    timed_out: bool
+    stdout_b64: str
+    stderr_b64: str
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    oom_killed: bool
+    duration_ms: int
+    cleanup: Literal["ok", "failed"]
+    leftover_killed: int
+
+
 async def run_entrypoint(
     manager: SessionManager,
     session_id: str,
@@ -91,106 +119,182 @@ async def run_entrypoint(
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")
     path = validate_entrypoint(entrypoint, manager.profile.info.entrypoint_suffixes)
     argv = manager.profile.build_run_argv(path, validate_arguments(arguments))
-    request = {
-        "argv": argv,
-        "timeout_ms": timeout * 1000,
-        "stdout_cap": OUTPUT_CAP_BYTES,
-        "stderr_cap": OUTPUT_CAP_BYTES,
-    }
-    runner_argv = [*manager.profile.helper_argv("runner"), json.dumps(request)]
+    runner_argv = manager.profile.helper_argv("runner")
     async with manager.lease(session_id) as session:
-        on_stderr = _progress_relay(progress) if progress is not None else None
+        # Never run past the sandbox's own lifetime: its watchdog would kill the run mid-way.
+        remaining = int(session.deadline - time.monotonic())
+        if remaining < 1:
+            raise SandboxError(ErrorCode.SESSION_EXPIRED, "this sandbox reached its lifetime; create a new one")
+        timeout = min(timeout, remaining)
+        request = {
+            "argv": argv,
+            "timeout_ms": timeout * 1000,
+            "stdout_cap": OUTPUT_CAP_BYTES,
+            "stderr_cap": OUTPUT_CAP_BYTES,
+        }
+        finished = threading.Event()
 
-        def call() -> dict[str, Any]:
-            return call_helper(
-                manager.engine,
-                session.container_id,
-                runner_argv,
-                timeout=timeout + HOST_GRACE_SECONDS,
-                max_answer=8 * MiB,
-                on_stderr=on_stderr,
-            )
+        def call(on_stderr: Callable[[bytes], None] | None) -> dict[str, Any]:
+            try:
+                return call_helper(
+                    manager.engine,
+                    session.container_id,
+                    runner_argv,
+                    request=request,
+                    timeout=timeout + HOST_GRACE_SECONDS,
+                    max_answer=8 * MiB,
+                    on_stderr=on_stderr,
+                )
+            finally:
+                finished.set()
 
         try:
-            answer = await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+            answer = await _supervise(call, progress)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await cancel_run(manager, session)
+                await cancel_run(manager, session, finished)
             raise
         except HelperCrash:
-            await manager.fail_closed(session)
-            raise SandboxError(
-                ErrorCode.INTERNAL_ERROR, "the run could not be supervised; the sandbox was destroyed"
+            raise await manager.fail_closed_with(
+                session,
+                SandboxError(ErrorCode.INTERNAL_ERROR, "the run could not be supervised; the sandbox was destroyed"),
             ) from None
         except SandboxError as error:
             if error.code == ErrorCode.TIMEOUT:
-                await manager.fail_closed(session)
-                raise SandboxError(
-                    ErrorCode.TIMEOUT, "the run did not stop at its deadline; the sandbox was destroyed"
+                raise await manager.fail_closed_with(
+                    session,
+                    SandboxError(ErrorCode.TIMEOUT, "the run did not stop at its deadline; the sandbox was destroyed"),
                 ) from None
+            if error.code == ErrorCode.CONTAINER_UNAVAILABLE:
+                raise await manager.fail_closed_with(session, error) from None
             raise
         return await _result(manager, session, answer)
 
 
-async def _result(manager: SessionManager, session: Session, answer: dict[str, Any]) -> RunResult:
-    if not answer["ok"]:
+async def _supervise(
+    call: Callable[[Callable[[bytes], None] | None], dict[str, Any]], progress: Progress | None
+) -> dict[str, Any]:
+    """Run the blocking runner call in a worker thread, relaying progress beside it.
+
+    The call's outcome is carried out of the task group by hand, so an error or a cancellation leaves as itself
+    rather than wrapped in an exception group.
+    """
+    outcome: dict[str, Any] = {}
+    failure: BaseException | None = None
+    async with anyio.create_task_group() as group:
+        send, receive = anyio.create_memory_object_stream[tuple[float, int]](1)
+        with send:
+            on_stderr = None
+            if progress is not None:
+                group.start_soon(_deliver_progress, receive, progress)
+                on_stderr = _progress_reader(send)
+            else:
+                receive.close()
+            try:
+                outcome = await anyio.to_thread.run_sync(call, on_stderr, abandon_on_cancel=True)
+            except BaseException as exc:  # re-raised below, outside the group
+                failure = exc
+        group.cancel_scope.cancel()  # stop relaying progress
+    if failure is not None:
+        raise failure
+    return outcome
+
+
+async def _result(manager: SessionManager, session: Session, raw: dict[str, Any]) -> RunResult:
+    if raw.get("ok") is False and raw.get("code") in ("SPAWN_FAILED", "INVALID_REQUEST", "RUNNING_AS_ROOT"):
         await manager.fail_closed(session)
         raise SandboxError(ErrorCode.INTERNAL_ERROR, "the program could not be started; the sandbox was destroyed")
-    if answer.get("cleanup") != "ok":
+    try:
+        answer = RunnerAnswer.model_validate(raw)
+        stdout = base64.b64decode(answer.stdout_b64, validate=True)
+        stderr = base64.b64decode(answer.stderr_b64, validate=True)
+    except (ValidationError, ValueError):
+        await manager.fail_closed(session)
+        raise SandboxError(
+            ErrorCode.INTERNAL_ERROR, "the run's supervisor answered out of protocol; the sandbox was destroyed"
+        ) from None
+    if answer.cleanup != "ok":
         await manager.fail_closed(session)
         raise SandboxError(
             ErrorCode.PROCESS_CLEANUP_FAILED,
             "processes the program left behind could not be stopped; the sandbox was destroyed",
         )
-    stdout = base64.b64decode(answer["stdout_b64"])
-    stderr = base64.b64decode(answer["stderr_b64"])
-    truncated_out, truncated_err = bool(answer["stdout_truncated"]), bool(answer["stderr_truncated"])
-    signal = answer.get("signal")
     reason: TerminationReason
-    if truncated_out or truncated_err:
+    if answer.stdout_truncated or answer.stderr_truncated:
         reason = "OUTPUT_LIMIT_EXCEEDED"
-    elif answer["timed_out"]:
+    elif answer.timed_out:
         reason = "timed_out"
-    elif answer["oom_killed"]:
+    elif answer.oom_killed:
         reason = "oom_killed"
-    elif signal:
+    elif answer.signal:
         reason = "signaled"
     else:
         reason = "exited"
     return RunResult(
-        exit_code=answer.get("exit_code"),
-        signal=str(signal) if signal else None,
-        timed_out=bool(answer["timed_out"]),
-        oom_killed=bool(answer["oom_killed"]),
+        exit_code=answer.exit_code,
+        signal=answer.signal or None,
+        timed_out=answer.timed_out,
+        oom_killed=answer.oom_killed,
         stdout=stdout.decode("utf-8", "replace"),
         stderr=stderr.decode("utf-8", "replace"),
-        stdout_truncated=truncated_out,
-        stderr_truncated=truncated_err,
+        stdout_truncated=answer.stdout_truncated,
+        stderr_truncated=answer.stderr_truncated,
         termination_reason=reason,
-        duration_ms=int(answer["duration_ms"]),
-        output_bytes=int(answer["stdout_bytes"]) + int(answer["stderr_bytes"]),
-        leftover_processes_killed=int(answer.get("leftover_killed", 0)),
+        duration_ms=answer.duration_ms,
+        output_bytes=answer.stdout_bytes + answer.stderr_bytes,
+        leftover_processes_killed=answer.leftover_killed,
     )
 
 
-async def cancel_run(manager: SessionManager, session: Session) -> None:
-    """Kill every process of the sandbox user at once; destroy the sandbox if that cannot be verified."""
+async def cancel_run(manager: SessionManager, session: Session, finished: threading.Event) -> None:
+    """Kill every process of the sandbox user at once and wait for the abandoned run call to end.
+
+    The kill is repeated while the call lingers: a cancel that lands while the runner is still being started
+    must not let it start afterwards and run unsupervised. If the call does not end, or a kill cannot be
+    verified, the sandbox is destroyed.
+    """
     argv = [*manager.profile.helper_argv("runner"), "--kill-all"]
-    try:
-        answer = await anyio.to_thread.run_sync(
-            lambda: call_helper(manager.engine, session.container_id, argv, timeout=CANCEL_TIMEOUT_SECONDS)
-        )
-        if answer.get("ok") and answer.get("cleanup") == "ok":
+    for _attempt in range(CANCEL_KILL_ATTEMPTS):
+        try:
+            answer = await anyio.to_thread.run_sync(
+                lambda: call_helper(manager.engine, session.container_id, argv, timeout=CANCEL_TIMEOUT_SECONDS),
+                abandon_on_cancel=True,
+            )
+        except SandboxError:
+            break
+        if not (answer.get("ok") and answer.get("cleanup") == "ok"):
+            break
+        # A threading.Event set by a worker thread: polled, because anyio.Event cannot be set from that thread
+        # once the waiting task has been cancelled.
+        with anyio.move_on_after(CANCEL_WAIT_SECONDS):
+            while not finished.is_set():  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        if finished.is_set():
             logger.info("session %s: cancelled run stopped", session.hash)
             return
-    except SandboxError:
-        pass
     await manager.fail_closed(session)
 
 
-def _progress_relay(progress: Progress) -> Callable[[bytes], None]:
-    """Turn the runner's stderr progress lines (one JSON object a second) into calls on the event loop."""
+async def _deliver_progress(receive: MemoryObjectReceiveStream[tuple[float, int]], progress: Progress) -> None:
+    async with receive:
+        async for elapsed, output in receive:
+            try:
+                await progress(elapsed, output)
+            except Exception:  # a client that cannot take progress must not break the run
+                logger.debug("a progress notification could not be sent")
+
+
+def _progress_reader(send: MemoryObjectSendStream[tuple[float, int]]) -> Callable[[bytes], None]:
+    """Turn the runner's stderr progress lines into updates for the event loop, without ever blocking the reader.
+
+    The exec thread offers updates on a one-slot stream and drops them when it is full, so a client that reads
+    slowly can delay progress notifications but never the run or its deadline.
+    """
     pending = bytearray()
+
+    def offer(update: tuple[float, int]) -> None:
+        with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            send.send_nowait(update)
 
     def on_stderr(chunk: bytes) -> None:
         pending.extend(chunk)
@@ -203,9 +307,7 @@ def _progress_relay(progress: Progress) -> Callable[[bytes], None]:
                 output = int(update["stdout_bytes"]) + int(update["stderr_bytes"])
             except (ValueError, KeyError, TypeError):
                 continue
-            try:
-                anyio.from_thread.run(progress, elapsed, output)
-            except Exception:  # a client that cannot take progress must not break the run
-                logger.debug("a progress notification could not be sent")
+            with contextlib.suppress(RuntimeError):  # the event loop is gone: nobody wants progress any more
+                anyio.from_thread.run_sync(offer, (elapsed, output))
 
     return on_stderr

@@ -6,8 +6,10 @@ no answer, an out-of-protocol answer, a broken stream) means the sandbox can no 
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Iterable
+import struct
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from code_sandbox.engine import DockerEngine
@@ -24,11 +26,22 @@ class HelperCrash(SandboxError):
         super().__init__(ErrorCode.INTERNAL_ERROR, message)
 
 
+def request_frame(request: Mapping[str, Any]) -> bytes:
+    """A helper request as one stdin frame: a 4-byte big-endian length, then UTF-8 JSON.
+
+    Requests go over stdin, not argv, because the kernel caps one argv string at 128 KiB, which 32 arguments
+    of 4 KiB (or 100 long paths) exceed once written as JSON.
+    """
+    body = json.dumps(request, ensure_ascii=False).encode()
+    return struct.pack(">I", len(body)) + body
+
+
 def call_helper(
     engine: DockerEngine,
     container_id: str,
     argv: list[str],
     *,
+    request: Mapping[str, Any] | None = None,
     stdin: Iterable[bytes] | None = None,
     timeout: float,
     max_answer: int = 16 * MiB,
@@ -39,6 +52,9 @@ def call_helper(
     :raises HelperCrash: the helper crashed, answered out of protocol, or the stream broke.
     :raises SandboxError: ``TIMEOUT`` or ``CONTAINER_UNAVAILABLE`` from the engine.
     """
+    if request is not None:
+        argv = [*argv, "-"]
+        stdin = itertools.chain([request_frame(request)], stdin or ())
     try:
         result = engine.exec(
             container_id,

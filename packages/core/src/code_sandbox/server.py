@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -61,6 +62,8 @@ from code_sandbox.workspace import delete_files, list_files, read_file, write_fi
 logger = logging.getLogger(__name__)
 
 Counts = dict[str, AuditValue]
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The largest JSON-RPC line read from the client; 100 files of 2 MiB, escaped, fit well within it."""
 Handler = Callable[[Any, Context[Any, Any], Counts], Awaitable[BaseModel]]
 
 
@@ -191,15 +194,19 @@ class SandboxServer(MCPServer[None]):
     @contextlib.asynccontextmanager
     async def _lifespan(self, _server: MCPServer[None]) -> AsyncGenerator[None]:
         atexit.register(self.manager.remove_all_now)
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._sweep)
-            group.start_soon(self.manager.run_reaper)
-            try:
-                yield None
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await self.manager.shutdown()
-                group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._sweep)
+                group.start_soon(self.manager.run_reaper)
+                try:
+                    yield None
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self.manager.shutdown()
+                    group.cancel_scope.cancel()
+        finally:
+            self.audit.close()
+            if not len(self.manager):  # else the exit handler gets one more try at what shutdown could not remove
                 atexit.unregister(self.manager.remove_all_now)
 
     async def _sweep(self) -> None:
@@ -366,14 +373,26 @@ class _StdinLines:
             # Raw os.read on a duplicate of fd 0: no Python-level buffer lock that a daemon thread could still
             # hold when the interpreter shuts down.
             fd = os.dup(0)
-            pending = b""
+            parts: list[bytes] = []  # the current line so far; each chunk is scanned once, never re-copied
+            size, oversized = 0, False
             try:
                 while chunk := os.read(fd, 65536):
-                    *lines, pending = (pending + chunk).split(b"\n")
-                    for line in lines:
-                        anyio.from_thread.run(send.send, line.decode("utf-8", "replace"), token=token)
-                if pending.strip():
-                    anyio.from_thread.run(send.send, pending.decode("utf-8", "replace"), token=token)
+                    *complete, rest = chunk.split(b"\n")
+                    for piece in complete:
+                        if oversized or size + len(piece) > MAX_MESSAGE_BYTES:
+                            logger.warning("dropped a client message larger than %d MiB", MAX_MESSAGE_BYTES >> 20)
+                        else:
+                            line = b"".join([*parts, piece]).decode("utf-8", "replace")
+                            anyio.from_thread.run(send.send, line, token=token)
+                        parts, size, oversized = [], 0, False
+                    size += len(rest)
+                    if size > MAX_MESSAGE_BYTES:
+                        parts, oversized = [], True
+                    elif not oversized:
+                        parts.append(rest)
+                tail = b"".join(parts)
+                if tail.strip() and not oversized:
+                    anyio.from_thread.run(send.send, tail.decode("utf-8", "replace"), token=token)
                 anyio.from_thread.run_sync(send.close, token=token)
             except Exception:  # the loop is gone or the stream closed: nothing is waiting for more lines
                 return
@@ -399,7 +418,8 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
                         group.cancel_scope.cancel()
                         return
 
-            group.start_soon(stop_on_signal)
+            if sys.platform != "win32":  # Windows' event loop has no signal handlers; stdin EOF still ends it
+                group.start_soon(stop_on_signal)
             async with stdio_server(stdin=cast(Any, _StdinLines())) as (read, write):
                 lowlevel = server._lowlevel_server  # pyright: ignore[reportPrivateUsage] - run_stdio_async, our stdin
                 await lowlevel.run(read, write, lowlevel.create_initialization_options())

@@ -13,12 +13,14 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal, TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
-from code_sandbox.engine import ContainerFacts, DockerEngine
+from code_sandbox.engine import ContainerFacts, DaemonFacts, DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
@@ -40,6 +42,9 @@ WATCHDOG_GRACE_SECONDS = 2
 """The container outlives the host-side deadline by this much, so the host always expires a session first."""
 REAPER_INTERVAL_SECONDS = 2.0
 SHUTDOWN_SECONDS = 8.0
+LOST_CONTAINER_GRACE_SECONDS = 1.0
+CREATED_GRACE_SECONDS = 60
+"""A created, never-started container younger than this may be another server's create or image probe."""
 
 
 def session_hash(session_id: str) -> str:
@@ -118,34 +123,42 @@ class SessionManager:
                 ErrorCode.SESSION_LIMIT_EXCEEDED,
                 f"at most {self.settings.max_sessions} sandboxes may exist at once; destroy one first",
             )
-        image_id = await self._verified_image_id()
         session_id = secrets.token_urlsafe(32)
+        # Reserve the slot before the first await, so concurrent creates cannot pass the cap together.
+        self._sessions[session_id] = Session(session_id, "", 0.0, 0.0, time.monotonic(), state="destroying")
         lifetime = self.settings.max_lifetime
-        hard_deadline = int(time.time()) + lifetime + WATCHDOG_GRACE_SECONDS
-        request = ContainerRequest(
-            image_id=image_id,
-            command=[*self.profile.helper_argv("watchdog"), str(lifetime + WATCHDOG_GRACE_SECONDS)],
-            labels={
-                LABEL_MANAGED: "true",
-                LABEL_OWNER: self.owner,
-                LABEL_PROFILE: self.profile.name,
-                LABEL_EXPIRES_AT: str(hard_deadline),
-                LABEL_SESSION: session_hash(session_id),
-            },
-            apparmor=(await self._run(self.engine.daemon_facts)).apparmor,
-        )
-        # Reserve the slot before the slow create so concurrent calls cannot exceed the cap.
-        placeholder = Session(session_id, "", 0.0, 0.0, time.monotonic())
-        placeholder.state = "destroying"
-        self._sessions[session_id] = placeholder
         try:
-            container_id = await self._run(self.engine.create_container, request)
+            image_id = await self._verified_image_id()
+            daemon = await self._run(self.engine.daemon_facts)
+            require_enforcement(daemon)
+            request = ContainerRequest(
+                image_id=image_id,
+                command=[*self.profile.helper_argv("watchdog"), str(lifetime + WATCHDOG_GRACE_SECONDS)],
+                labels={
+                    LABEL_MANAGED: "true",
+                    LABEL_OWNER: self.owner,
+                    LABEL_PROFILE: self.profile.name,
+                    LABEL_EXPIRES_AT: str(int(time.time()) + lifetime + WATCHDOG_GRACE_SECONDS),
+                    LABEL_SESSION: session_hash(session_id),
+                },
+                apparmor=daemon.apparmor,
+            )
+            # Shielded: a cancellation must not lose the ID of a container that was created anyway.
+            container_id = ""
+            with anyio.CancelScope(shield=True):
+                container_id = await self._run(self.engine.create_container, request)
         except BaseException:
-            del self._sessions[session_id]
+            self._sessions.pop(session_id, None)
             raise
         now_wall, now = time.time(), time.monotonic()
         session = Session(session_id, container_id, now_wall + lifetime, now + lifetime, now)
         self._sessions[session_id] = session
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._destroy_quietly(session)
+            raise
         logger.info("session %s created", session.hash)
         return session
 
@@ -177,10 +190,10 @@ class SessionManager:
         await self._remove(session)
         return was_live
 
-    async def _remove(self, session: Session) -> None:
+    async def _remove(self, session: Session, *, abandon: bool = False) -> None:
         session.state = "destroying"
         try:
-            await self._run(self.engine.remove_container, session.container_id)
+            await self._run(self.engine.remove_container, session.container_id, abandon=abandon)
         except SandboxError as error:
             logger.warning("session %s: container removal failed (%s); will retry", session.hash, error.code)
             raise SandboxError(
@@ -190,13 +203,36 @@ class SessionManager:
         self._sessions.pop(session.id, None)
         logger.info("session %s destroyed", session.hash)
 
-    async def _destroy_quietly(self, session: Session) -> None:
+    async def _destroy_quietly(self, session: Session, *, abandon: bool = False) -> None:
         with contextlib.suppress(SandboxError):
-            await self._remove(session)
+            await self._remove(session, abandon=abandon)
 
     async def fail_closed(self, session: Session) -> None:
         """Destroy a session whose state can no longer be trusted (a broken transfer, an integrity violation)."""
         await self._destroy_quietly(session)
+
+    async def fail_closed_with(self, session: Session, error: SandboxError) -> SandboxError:
+        """Destroy an untrustworthy session and say why: ``error``, or ``CONTAINER_UNAVAILABLE`` when the
+        container itself vanished (removed outside code-sandbox, or the daemon went away)."""
+        lost = False
+        with anyio.move_on_after(LOST_CONTAINER_GRACE_SECONDS):
+            # A container killed under us can still say "running" for a moment; watch it briefly.
+            while not lost:
+                try:
+                    facts = await self._run(self.engine.container_facts, session.container_id)
+                    lost = facts is None or facts.state != "running"
+                except SandboxError:
+                    lost = True
+                if not lost:
+                    await anyio.sleep(0.1)
+        await self._destroy_quietly(session)
+        if lost:
+            return SandboxError(
+                ErrorCode.CONTAINER_UNAVAILABLE,
+                "the sandbox's container is gone (removed outside code-sandbox, or Docker stopped responding); "
+                "the sandbox was discarded",
+            )
+        return error
 
     # -- background work ----------------------------------------------------------------------------------------
 
@@ -227,7 +263,9 @@ class SessionManager:
             async with anyio.create_task_group() as group:
                 for session in list(self._sessions.values()):
                     if session.container_id:
-                        group.start_soon(self._destroy_quietly, session)
+                        # Abandonable: a hung daemon must not hold shutdown past its bound; what is left is
+                        # removed by the interpreter-exit handler or, at worst, by the container's watchdog.
+                        group.start_soon(partial(self._destroy_quietly, session, abandon=True))
 
     def remove_all_now(self) -> None:
         """Synchronous last resort for interpreter exit: remove what is left, ignoring failures."""
@@ -237,8 +275,19 @@ class SessionManager:
                     self.engine.remove_container(session.container_id)
                     self._sessions.pop(session.id, None)
 
-    async def _run(self, function: Callable[..., _T], *args: object) -> _T:
-        return await anyio.to_thread.run_sync(function, *args)
+    async def _run(self, function: Callable[..., _T], *args: object, abandon: bool = False) -> _T:
+        return await anyio.to_thread.run_sync(function, *args, abandon_on_cancel=abandon)
+
+
+def require_enforcement(daemon: DaemonFacts) -> None:
+    """Refuse to start sandboxes on an engine that would silently weaken them."""
+    if daemon.os_type != "linux" or not daemon.seccomp:
+        raise SandboxError(
+            ErrorCode.CONTAINER_UNAVAILABLE,
+            "the Docker engine does not run Linux containers with seccomp enforced; sandboxes are refused "
+            "rather than weakened",
+            hint="use Docker Engine or Docker Desktop with Linux containers and its default seccomp profile",
+        )
 
 
 def _image_invalid() -> SandboxError:
@@ -271,6 +320,9 @@ def judge_container(container: ContainerFacts, *, max_lifetime: int, now: float)
     """
     raw = container.labels.get(LABEL_EXPIRES_AT, "")
     expires_at = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 12 else None
+    young = container.created is not None and now - container.created < CREATED_GRACE_SECONDS
+    if container.state == "created" and young:
+        return Verdict(container, False, "being created", expires_at)  # another server may be about to start it
     if container.state != "running":
         return Verdict(container, True, "stopped", expires_at)
     if expires_at is not None:

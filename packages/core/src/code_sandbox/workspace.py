@@ -53,6 +53,19 @@ _REFUSALS: dict[str, tuple[ErrorCode, str]] = {
 }
 
 
+# What the helper reports when it could not finish safely; each destroys the session.
+_FAILURES: dict[str, tuple[ErrorCode, str]] = {
+    "WORKSPACE_INTEGRITY": (
+        ErrorCode.WORKSPACE_INTEGRITY,
+        "the workspace holds a symbolic link, hard link or special file (made by the program), "
+        "or changed during the operation",
+    ),
+    "TRANSFER_FAILED": (ErrorCode.TRANSFER_FAILED, "the file transfer broke off midway"),
+    "WORKSPACE_LIMIT_EXCEEDED": (ErrorCode.WORKSPACE_LIMIT_EXCEEDED, "the workspace filled up midway through a write"),
+    "PERMISSION_DENIED": (ErrorCode.PERMISSION_DENIED, "a write was refused midway by permissions the program set"),
+}
+
+
 @dataclass(frozen=True)
 class ListEntry:
     path: str
@@ -171,26 +184,30 @@ async def call_file_helper(
     stdin: Iterator[bytes] | None = None,
 ) -> dict[str, Any]:
     """One file-helper call on a leased session; refusals raise, anything untrustworthy destroys the session."""
-    argv = [*manager.profile.helper_argv("files"), operation, json.dumps(request)]
+    argv = [*manager.profile.helper_argv("files"), operation]
     try:
         answer = await anyio.to_thread.run_sync(
             lambda: call_helper(
                 manager.engine,
                 session.container_id,
                 argv,
-                stdin=stdin if stdin is not None else None,
+                request=request,
+                stdin=stdin,
                 timeout=HELPER_TIMEOUT_SECONDS,
             )
         )
     except HelperCrash:
-        await manager.fail_closed(session)
-        raise SandboxError(
-            ErrorCode.TRANSFER_FAILED, "the file transfer failed midway; the sandbox was destroyed to stay safe"
+        raise await manager.fail_closed_with(
+            session,
+            SandboxError(ErrorCode.TRANSFER_FAILED, "the file transfer failed midway; the sandbox was destroyed"),
         ) from None
     except SandboxError as error:
         if error.code == ErrorCode.TIMEOUT:
-            await manager.fail_closed(session)
-            raise SandboxError(ErrorCode.TIMEOUT, "the file operation hung; the sandbox was destroyed") from None
+            raise await manager.fail_closed_with(
+                session, SandboxError(ErrorCode.TIMEOUT, "the file operation hung; the sandbox was destroyed")
+            ) from None
+        if error.code == ErrorCode.CONTAINER_UNAVAILABLE:
+            raise await manager.fail_closed_with(session, error) from None
         raise
     if answer["ok"]:
         return answer
@@ -199,10 +216,5 @@ async def call_file_helper(
         error_code, message = _REFUSALS[code]
         raise SandboxError(error_code, message)
     await manager.fail_closed(session)
-    if code == "WORKSPACE_INTEGRITY":
-        raise SandboxError(
-            ErrorCode.WORKSPACE_INTEGRITY,
-            "the workspace holds a symbolic link, hard link or special file (made by the program) "
-            "or changed during the operation; the sandbox was destroyed",
-        )
-    raise SandboxError(ErrorCode.WORKSPACE_INTEGRITY, "the file operation failed midway; the sandbox was destroyed")
+    error_code, message = _FAILURES.get(code, (ErrorCode.INTERNAL_ERROR, "the file helper failed"))
+    raise SandboxError(error_code, f"{message}; the sandbox was destroyed")

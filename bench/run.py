@@ -1,0 +1,273 @@
+"""Latency and memory of code-sandbox against the raw Docker floor, measured in one run on one machine.
+
+    uv run python bench/run.py            # 30 iterations per figure (about 4 minutes)
+    uv run python bench/run.py --quick    # 8 iterations, under a minute
+
+Each figure is reported with its ratio to the floor it is built on: the same Docker operations made directly
+with the docker SDK, the same image and the same hardening. Results go to bench/results/latest.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import struct
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from code_sandbox.engine import DockerEngine, build_create_arguments
+from code_sandbox.execution import run_entrypoint
+from code_sandbox.hardening import ENVIRONMENT, LABEL_EXPIRES_AT, LABEL_MANAGED, SANDBOX_USER, ContainerRequest
+from code_sandbox.plugins import create_plugin_manager, select_profile
+from code_sandbox.sessions import SessionManager
+from code_sandbox.settings import Settings
+from code_sandbox.workspace import write_files
+
+RESULTS = Path(__file__).parent / "results"
+SMALL_FILE = [{"path": "index.js", "content": "console.log('hello')"}]
+HUNDRED_FILES = [{"path": f"src/f{i:02}.js", "content": "x" * 10240} for i in range(98)]  # + src/ + index.js
+
+
+def timed(samples: list[float]) -> Callable[[Callable[[], Any]], Any]:
+    def run(function: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        result = function()
+        samples.append(time.perf_counter() - started)
+        return result
+
+    return run
+
+
+async def atimed(samples: list[float], awaitable: Awaitable[Any]) -> Any:
+    started = time.perf_counter()
+    result = await awaitable
+    samples.append(time.perf_counter() - started)
+    return result
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"p50_ms": statistics.median(ordered) * 1000, "p95_ms": p95 * 1000, "n": len(ordered)}
+
+
+# -- the raw floor -----------------------------------------------------------------------------------------------
+
+
+def raw_floor(iterations: int, image_id: str, watchdog: list[str]) -> dict[str, list[float]]:
+    api = docker.from_env().api
+    samples: dict[str, list[float]] = {"create+start": [], "exec node -e 0": [], "remove": [], "stream 1 MiB": []}
+    payload = b"".join(f["content"].encode() for f in HUNDRED_FILES) + SMALL_FILE[0]["content"].encode()
+    labels = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(time.time()) + 600)}
+    for _ in range(iterations):
+        create_kwargs, host_kwargs = build_create_arguments(
+            ContainerRequest(image_id=image_id, command=watchdog, labels=labels, apparmor=False), start=True
+        )
+
+        def create_and_start() -> str:
+            container = api.create_container(**create_kwargs, host_config=api.create_host_config(**host_kwargs))
+            api.start(container["Id"])
+            return str(container["Id"])
+
+        container_id = timed(samples["create+start"])(create_and_start)
+
+        def exec_node() -> None:
+            exec_id = api.exec_create(container_id, ["/usr/local/bin/node", "-e", "0"], user=SANDBOX_USER,
+                                      environment=dict(ENVIRONMENT), workdir="/workspace")["Id"]  # fmt: skip
+            api.exec_start(exec_id)
+            assert api.exec_inspect(exec_id)["ExitCode"] == 0
+
+        timed(samples["exec node -e 0"])(exec_node)
+
+        def stream() -> None:
+            # The same bytes write_files sends for 100 x 10 KiB, through one exec's stdin, read by node.
+            source = "let n=0;process.stdin.on('data',c=>n+=c.length).on('end',()=>process.stdout.write(String(n)))"
+            exec_id = api.exec_create(container_id, ["/usr/local/bin/node", "-e", source], stdin=True,
+                                      user=SANDBOX_USER, environment=dict(ENVIRONMENT), workdir="/workspace")["Id"]  # fmt: skip
+            sock = api.exec_start(exec_id, socket=True)
+            raw = getattr(sock, "_sock", sock)
+            raw.sendall(struct.pack(">I", 0) + payload)
+            raw.shutdown(socket.SHUT_WR)
+            while raw.recv(65536):
+                pass
+            raw.close()
+            sock.close()
+
+        timed(samples["stream 1 MiB"])(stream)
+        timed(samples["remove"])(lambda: api.remove_container(container_id, force=True))
+    return samples
+
+
+# -- the core API and the MCP surface ----------------------------------------------------------------------------
+
+
+async def core_api(iterations: int, warm_pool: int) -> dict[str, list[float]]:
+    settings = Settings(max_sessions=3, warm_pool=warm_pool)
+    manager = SessionManager(DockerEngine(), select_profile(create_plugin_manager(), None), settings)
+    samples: dict[str, list[float]] = {"create": [], "run hello": [], "destroy": []}
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(manager.run_pool)
+            await manager.create()  # the first create verifies the image once
+            for _ in range(iterations):
+                await manager.wait_for_pool()
+                session = await atimed(samples["create"], manager.create())
+                await write_files(manager, session.id, [("index.js", "console.log('hello')")], overwrite=False)
+                await atimed(
+                    samples["run hello"], run_entrypoint(manager, session.id, "index.js", [], timeout_seconds=10)
+                )
+                await atimed(samples["destroy"], manager.destroy(session.id))
+            group.cancel_scope.cancel()
+    finally:
+        await manager.shutdown()
+    return samples
+
+
+def _server_params(warm_pool: int) -> StdioServerParameters:
+    command = shutil.which("code-sandbox") or sys.exit("run with `uv run` so that code-sandbox is on PATH")
+    env = {**os.environ, "CODE_SANDBOX_WARM_POOL": str(warm_pool), "CODE_SANDBOX_AUDIT_ENABLED": "false"}
+    return StdioServerParameters(command=command, args=["serve"], env=env)
+
+
+async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]:
+    names = ["create_sandbox", "write_files 1 small", "write_files 100 x 10 KiB", "run_javascript hello", "read_file",
+             "destroy_sandbox", "execute_javascript"]  # fmt: skip
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    async with stdio_client(_server_params(warm_pool)) as (read, write), ClientSession(read, write) as client:
+        await client.initialize()
+        first = (await client.call_tool("create_sandbox", {})).structured_content or {}
+        await client.call_tool("destroy_sandbox", {"session_id": first["session_id"]})
+        for _ in range(iterations):
+            await anyio.sleep(0.3 if warm_pool else 0)  # let the pool refill, as between a model's turns
+            created = await atimed(samples["create_sandbox"], client.call_tool("create_sandbox", {}))
+            sid = created.structured_content["session_id"]
+            await atimed(
+                samples["write_files 1 small"],
+                client.call_tool("write_files", {"session_id": sid, "files": SMALL_FILE}),
+            )
+            await atimed(
+                samples["write_files 100 x 10 KiB"],
+                client.call_tool("write_files", {"session_id": sid, "files": HUNDRED_FILES}),
+            )
+            run = await atimed(
+                samples["run_javascript hello"],
+                client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "index.js"}),
+            )
+            assert run.structured_content["stdout"] == "hello\n", run
+            await atimed(samples["read_file"], client.call_tool("read_file", {"session_id": sid, "path": "index.js"}))
+            await atimed(samples["destroy_sandbox"], client.call_tool("destroy_sandbox", {"session_id": sid}))
+            await atimed(
+                samples["execute_javascript"],
+                client.call_tool("execute_javascript", {"files": SMALL_FILE, "entrypoint": "index.js"}),
+            )
+    return samples
+
+
+async def server_memory_and_startup(calls: int) -> dict[str, float]:
+    started = time.perf_counter()
+    async with stdio_client(_server_params(1)) as (read, write), ClientSession(read, write) as client:
+        await client.initialize()
+        startup = time.perf_counter() - started
+        sid = (await client.call_tool("create_sandbox", {})).structured_content["session_id"]
+        await client.call_tool("write_files", {"session_id": sid, "files": SMALL_FILE})
+        for index in range(calls):
+            tool = ("list_files", "read_file", "run_javascript")[index % 3]
+            arguments = {"session_id": sid, "path": "index.js", "entrypoint": "index.js"}
+            allowed = {"list_files": ["session_id"], "read_file": ["session_id", "path"],
+                       "run_javascript": ["session_id", "entrypoint"]}[tool]  # fmt: skip
+            await client.call_tool(tool, {k: arguments[k] for k in allowed})
+        rss_kib = _server_rss_kib()
+        await client.call_tool("destroy_sandbox", {"session_id": sid})
+    return {"startup_to_initialize_ms": startup * 1000, "rss_after_calls_mib": rss_kib / 1024, "calls": calls}
+
+
+def _server_rss_kib() -> int:
+    for pid in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if pid.isdigit() and b"code-sandbox\x00serve" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                status = Path(f"/proc/{pid}/status").read_text()
+                return int(status.split("VmRSS:")[1].split()[0])
+    raise RuntimeError("the server process was not found")
+
+
+# -- report ------------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="8 iterations per figure, under a minute")
+    parser.add_argument("--iterations", type=int, default=None, help="iterations per figure (default 30)")
+    parser.add_argument("--json", type=Path, default=RESULTS / "latest.json", help="where to write the results")
+    options = parser.parse_args()
+    iterations = options.iterations or (8 if options.quick else 30)
+
+    profile = select_profile(create_plugin_manager(), None)
+    engine = DockerEngine()
+    image = engine.image_facts(profile.image_spec().tag)
+    if image is None:
+        sys.exit("build the image first: uv run code-sandbox build-image --offline")
+    watchdog = [*profile.helper_argv("watchdog"), "600"]
+
+    print(f"code-sandbox benchmark: {iterations} iterations, {platform.machine()}, {os.cpu_count()} CPUs", flush=True)
+    floor = {k: summary(v) for k, v in raw_floor(iterations, image.id, watchdog).items()}
+    core_cold = {k: summary(v) for k, v in anyio.run(core_api, iterations, 0).items()}
+    core_warm = {k: summary(v) for k, v in anyio.run(core_api, iterations, 1).items()}
+    mcp_cold = {k: summary(v) for k, v in anyio.run(mcp_surface, iterations, 0).items()}
+    mcp_warm = {k: summary(v) for k, v in anyio.run(mcp_surface, iterations, 1).items()}
+    server = anyio.run(server_memory_and_startup, 60 if options.quick else 200)
+
+    rows: list[tuple[str, dict[str, float], str | None, float | None]] = []
+    for name, stats in floor.items():
+        rows.append((f"raw: {name}", stats, None, None))
+    ratios = {
+        "core: create (pool off)": (core_cold["create"], "create+start"),
+        "core: create (pool on)": (core_warm["create"], "create+start"),
+        "core: run hello": (core_cold["run hello"], "exec node -e 0"),
+        "core: destroy": (core_cold["destroy"], "remove"),
+        "mcp: create_sandbox (pool off)": (mcp_cold["create_sandbox"], "create+start"),
+        "mcp: create_sandbox (pool on)": (mcp_warm["create_sandbox"], "create+start"),
+        "mcp: write_files 1 small": (mcp_cold["write_files 1 small"], "exec node -e 0"),
+        "mcp: write_files 100 x 10 KiB": (mcp_cold["write_files 100 x 10 KiB"], "stream 1 MiB"),
+        "mcp: run_javascript hello": (mcp_cold["run_javascript hello"], "exec node -e 0"),
+        "mcp: read_file": (mcp_cold["read_file"], "exec node -e 0"),
+        "mcp: destroy_sandbox": (mcp_cold["destroy_sandbox"], "remove"),
+        "mcp: execute_javascript (pool on)": (mcp_warm["execute_javascript"], "create+start"),
+    }
+    for name, (stats, floor_name) in ratios.items():
+        rows.append((name, stats, floor_name, stats["p50_ms"] / floor[floor_name]["p50_ms"]))
+
+    print(f"\n{'figure':<36} {'p50 ms':>8} {'p95 ms':>8}  ratio to floor (p50)")
+    for name, stats, floor_name, ratio in rows:
+        tail = f"{ratio:5.2f}x {floor_name}" if ratio is not None else "(floor)"
+        print(f"{name:<36} {stats['p50_ms']:8.1f} {stats['p95_ms']:8.1f}  {tail}")
+    print(f"\nserver start-up to initialize reply: {server['startup_to_initialize_ms']:.0f} ms")
+    print(f"server RSS after {server['calls']:.0f} calls: {server['rss_after_calls_mib']:.1f} MiB")
+
+    options.json.parent.mkdir(parents=True, exist_ok=True)
+    options.json.write_text(json.dumps({
+        "machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "docker": engine.api().version().get("Version")},
+        "iterations": iterations,
+        "floor": floor, "core_pool_off": core_cold, "core_pool_on": core_warm,
+        "mcp_pool_off": mcp_cold, "mcp_pool_on": mcp_warm, "server": server,
+        "ratios": {name: ratio for name, _s, _f, ratio in rows if ratio is not None},
+    }, indent=2))  # fmt: skip
+    print(f"results written to {options.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Node's escape hatches may "work" inside the sandbox; none gains network, capabilities or outside writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.security.conftest import Arena
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
+
+# After the hatch, try what would matter: a write outside /workspace and /tmp, and a connection out.
+CONSEQUENCES = """
+async function consequences(label) {
+  const fs = require('fs'), net = require('net'); const out = { label };
+  try { fs.writeFileSync('/etc/escaped', 'x'); out.write = 'WROTE'; } catch (e) { out.write = e.code; }
+  out.net = await new Promise(r => { const s = net.connect({ host: '1.1.1.1', port: 443, timeout: 2000 });
+    s.on('connect', () => { s.destroy(); r('CONNECTED'); }); s.on('timeout', () => { s.destroy(); r('TIMEOUT'); });
+    s.on('error', e => r(e.code)); });
+  const caps = fs.readFileSync('/proc/self/status', 'utf8').match(/CapEff:\\s*(\\w+)/)[1];
+  out.caps = caps; return out;
+}
+"""
+
+
+def assert_contained(outcome: dict[str, str]) -> None:
+    assert outcome["write"] in ("EROFS", "EACCES"), outcome
+    assert outcome["net"] in ("ENETUNREACH", "EAI_AGAIN"), outcome
+    assert outcome["caps"] == "0000000000000000", outcome
+
+
+@pytest.mark.parametrize(
+    ("label", "hatch"),
+    [
+        ("process.binding", "try { process.binding('fs'); process.binding('spawn_sync'); } catch {}"),
+        ("child_process absolute", "require('child_process').execFileSync('/usr/local/bin/node', ['-e', '1']);"),
+        ("vm escape", "require('vm').runInNewContext('this.constructor.constructor(`return process`)()').pid;"),
+        ("inspector.open", "try { require('inspector').open(9229, '0.0.0.0'); } catch {}"),
+    ],
+)
+async def test_node_escape_hatches_gain_nothing(arena: Arena, label: str, hatch: str) -> None:
+    source = (
+        CONSEQUENCES
+        + f"{hatch}\nconsequences({json.dumps(label)}).then(o => {{ console.log(JSON.stringify(o)); process.exit(0); }});"
+    )
+    result = await arena.attack(source, timeout=20)
+    assert_contained(json.loads(result.stdout.strip().splitlines()[-1]))
+    await arena.assert_bystander_unaffected()
+
+
+async def test_wasi_with_the_root_preopened_cannot_write_outside_the_tmpfs(arena: Arena) -> None:
+    # A WASI module is not needed to show the preopen's reach: the preopen maps to the same read-only root
+    # the process already sees, so the host-side write test is the same; the WASI constructor must not fail open.
+    source = (
+        CONSEQUENCES
+        + """
+let wasi = 'unavailable';
+try { const { WASI } = require('wasi'); new WASI({ version: 'preview1', preopens: { '/': '/' } }); wasi = 'constructed'; }
+catch (e) { wasi = e.code || 'refused'; }
+consequences('wasi').then(o => { o.wasi = wasi; console.log(JSON.stringify(o)); });
+"""
+    )
+    outcome = json.loads((await arena.attack(source)).stdout.strip().splitlines()[-1])
+    assert_contained(outcome)
+    await arena.assert_bystander_unaffected()

@@ -1,0 +1,195 @@
+"""Faults Docker and clients can cause for real: removal under a run, a daemon restart, disconnects, load."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import pytest
+from code_sandbox.engine import DockerEngine
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.hardening import LABEL_MANAGED
+from code_sandbox.plugins import Profile
+from code_sandbox.sessions import SessionManager
+from code_sandbox.settings import Settings
+from code_sandbox.workspace import write_files
+
+from tests.security.conftest import Arena
+from tests.test_server import CLI, server_env
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
+
+
+async def test_a_container_removed_during_a_run_gives_a_clear_error_and_the_next_call_works(
+    arena: Arena, engine: DockerEngine
+) -> None:
+    await write_files(arena.manager, arena.victim.id, [("slow.js", "setTimeout(() => {}, 30000)")], overwrite=False)
+    errors: list[SandboxError] = []
+
+    async def doomed_run() -> None:
+        try:
+            await run_entrypoint(arena.manager, arena.victim.id, "slow.js", [], timeout_seconds=30)
+        except SandboxError as error:
+            errors.append(error)
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as group:
+        group.start_soon(doomed_run)
+        await anyio.sleep(1)
+        await anyio.to_thread.run_sync(engine.remove_container, arena.victim.container_id)
+    assert time.monotonic() - started < 10
+    assert [e.code for e in errors] == [ErrorCode.CONTAINER_UNAVAILABLE]
+    replacement = await arena.manager.create()
+    await write_files(arena.manager, replacement.id, [("ok.js", "console.log('fine')")], overwrite=False)
+    assert (await run_entrypoint(arena.manager, replacement.id, "ok.js", [], timeout_seconds=5)).stdout == "fine\n"
+    await arena.assert_bystander_unaffected()
+
+
+_RESTARTED_DAEMONS: list[subprocess.Popen[bytes]] = []  # the daemon outlives the test that restarted it
+
+
+def _dockerd_pid() -> int | None:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if Path(f"/proc/{name}/comm").read_text().strip() == "dockerd":
+                    return int(name)
+            except OSError:
+                continue
+    return None
+
+
+def _restart_dockerd(engine: DockerEngine, log: Path) -> None:
+    pid = _dockerd_pid()
+    assert pid is not None, "the daemon restart test needs a local dockerd it may restart (CI starts one)"
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, "dockerd did not stop"
+        time.sleep(0.2)
+    with log.open("ab") as sink:
+        subprocess.Popen([a.decode() for a in argv], stdout=sink, stderr=sink, start_new_session=True)
+    while not _socket_answers("/var/run/docker.sock"):
+        assert time.monotonic() < deadline, "dockerd did not come back"
+        time.sleep(0.5)
+    engine.ping()
+
+
+def _socket_answers(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture
+def collect_leaked_sockets() -> Iterator[None]:
+    """While the daemon is down, docker-py leaks the socket of every failed connect (docker/transport/unixconn.py
+    creates it and raises from connect() without closing it). Collect them before this test's warnings scope ends.
+    """
+    yield
+    gc.collect()
+
+
+@pytest.mark.usefixtures("collect_leaked_sockets")
+@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_daemon_restart_during_a_run_gives_a_clear_error_and_the_server_recovers(
+    engine: DockerEngine, profile: Profile, image_id: str, tmp_path: Path
+) -> None:
+    del image_id
+    if os.geteuid() != 0:
+        pytest.fail("run the suite as root (as CI does): this test restarts the local Docker daemon")
+    # A server of its own (its own engine and connection pool), so the outage touches nothing shared.
+    own_engine = DockerEngine()
+    manager = SessionManager(own_engine, profile, Settings(max_sessions=2))
+    try:
+        victim = await manager.create()
+        await write_files(manager, victim.id, [("slow.js", "setTimeout(() => {}, 60000)")], overwrite=False)
+        errors: list[ErrorCode] = []
+
+        async def doomed_run() -> None:
+            try:
+                await run_entrypoint(manager, victim.id, "slow.js", [], timeout_seconds=60)
+            except SandboxError as error:
+                errors.append(error.code)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(doomed_run)
+            await anyio.sleep(1)
+            await anyio.to_thread.run_sync(_restart_dockerd, engine, tmp_path / "dockerd.log")
+        assert errors == [ErrorCode.CONTAINER_UNAVAILABLE]
+        # The same manager (the same server) works again without a restart of its own.
+        fresh = await manager.create()
+        await write_files(manager, fresh.id, [("ok.js", "console.log('back')")], overwrite=False)
+        assert (await run_entrypoint(manager, fresh.id, "ok.js", [], timeout_seconds=5)).stdout == "back\n"
+    finally:
+        await manager.shutdown()
+        own_engine.close()
+
+
+async def test_twenty_concurrent_calls_on_one_and_across_sessions_never_mix_results(arena: Arena) -> None:
+    program = "console.log(process.argv[2]); process.stdout.write('z'.repeat(2 * 1024 * 1024));"
+    for session in (arena.victim, arena.bystander):
+        await write_files(arena.manager, session.id, [("echo.js", program)], overwrite=True)
+    results: dict[str, RunResult] = {}
+
+    async def call(token: str, session_id: str) -> None:
+        results[token] = await run_entrypoint(arena.manager, session_id, "echo.js", [token], timeout_seconds=20)
+
+    async with anyio.create_task_group() as group:
+        for index in range(20):
+            session = arena.victim if index % 2 else arena.bystander
+            group.start_soon(call, f"token-{index}-{session.hash}", session.id)
+    assert len(results) == 20
+    for token, result in results.items():
+        assert result.stdout.startswith(token + "\n"), token
+        assert len(result.stdout.encode()) == 1024 * 1024 and result.stdout_truncated
+    assert len(arena.manager) == 2
+    await arena.assert_bystander_unaffected()
+
+
+def test_a_client_disconnecting_during_a_run_removes_the_containers_and_the_server_exits(
+    tmp_path: Path, engine: DockerEngine, image_id: str
+) -> None:
+    del image_id
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+         "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "execute_javascript", "arguments": {
+            "files": [{"path": "slow.js", "content": "setTimeout(() => {}, 60000)"}], "entrypoint": "slow.js",
+            "timeout_seconds": 60}}},
+    ]  # fmt: skip
+    with subprocess.Popen(
+        [CLI, "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=server_env(tmp_path),
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        for request in requests:
+            proc.stdin.write(json.dumps(request).encode() + b"\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        deadline = time.monotonic() + 20
+        while not engine.list_containers(f"{LABEL_MANAGED}=true"):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1)  # the run is under way
+        proc.stdin.close()  # the client goes away
+        assert proc.wait(timeout=10) == 0
+    assert engine.list_containers(f"{LABEL_MANAGED}=true") == []

@@ -1,0 +1,102 @@
+"""Privilege and kernel-surface attacks: no capabilities, no new privileges, nothing writable but the tmpfs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.security.conftest import Arena
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
+
+
+async def test_every_process_has_zero_capabilities_no_new_privs_and_seccomp(arena: Arena) -> None:
+    source = """
+const fs = require('fs'); const rows = [];
+for (const p of fs.readdirSync('/proc').filter(p => /^\\d+$/.test(p))) {
+  try { const s = fs.readFileSync(`/proc/${p}/status`, 'utf8');
+        rows.push(['CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp'].map(k => s.match(new RegExp(k + ':\\\\s*(\\\\w+)'))[1])); } catch {}
+}
+console.log(JSON.stringify(rows));
+"""
+    rows = json.loads((await arena.attack(source)).stdout)
+    assert len(rows) >= 4  # init, watchdog, runner, this program
+    zero = "0000000000000000"
+    assert all(row == [zero, zero, zero, zero, "1", "2"] for row in rows), rows
+    await arena.assert_bystander_unaffected()
+
+
+async def test_system_tools_for_mount_unshare_keyctl_and_ptrace_do_not_exist(arena: Arena) -> None:
+    source = """
+const { execFileSync } = require('child_process'); const out = {};
+for (const tool of ['/bin/mount', '/usr/bin/unshare', '/bin/sh', '/usr/bin/keyctl', '/usr/bin/gdb', '/usr/bin/strace']) {
+  try { execFileSync(tool, ['--help'], { stdio: 'ignore' }); out[tool] = 'ran'; } catch (e) { out[tool] = e.code; }
+}
+console.log(JSON.stringify(out));
+"""
+    outcome = json.loads((await arena.attack(source)).stdout)
+    assert set(outcome.values()) == {"ENOENT"}
+    await arena.assert_bystander_unaffected()
+
+
+async def test_the_watchdogs_memory_environment_and_fds_are_out_of_reach(arena: Arena) -> None:
+    source = """
+const fs = require('fs'); const out = {};
+const watchdog = fs.readdirSync('/proc').filter(p => /^\\d+$/.test(p))
+  .find(p => fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('watchdog.mjs'));
+for (const what of ['mem', 'environ', 'fd/0', 'root/etc/passwd']) {
+  try { fs.readFileSync(`/proc/${watchdog}/${what}`); out[what] = 'read'; } catch (e) { out[what] = e.code; }
+}
+try { fs.readFileSync('/proc/1/environ'); out.init_environ = 'read'; } catch (e) { out.init_environ = e.code; }
+console.log(JSON.stringify(out));
+"""
+    outcome = json.loads((await arena.attack(source)).stdout)
+    assert set(outcome.values()) <= {"EACCES", "EPERM"}, outcome
+    await arena.assert_bystander_unaffected()
+
+
+async def test_the_root_filesystem_and_node_binary_cannot_be_written(arena: Arena) -> None:
+    source = """
+const fs = require('fs'); const out = {};
+for (const target of ['/usr/local/bin/node', '/opt/sandbox/runner.mjs', '/etc/passwd', '/new-file', '/proc/sys/kernel/hostname']) {
+  try { fs.appendFileSync(target, 'x'); out[target] = 'written'; } catch (e) { out[target] = e.code; }
+}
+try { fs.chmodSync('/usr/local/bin/node', 0o777); out.chmod = 'changed'; } catch (e) { out.chmod = e.code; }
+console.log(JSON.stringify(out));
+"""
+    outcome = json.loads((await arena.attack(source)).stdout)
+    assert set(outcome.values()) <= {"EROFS", "EACCES", "EPERM"}, outcome
+    await arena.assert_bystander_unaffected()
+
+
+@pytest.mark.parametrize("directory", ["/workspace", "/tmp"])
+async def test_a_binary_dropped_in_a_tmpfs_cannot_be_executed(arena: Arena, directory: str) -> None:
+    # The dynamic loader is a small, real ELF executable; copied to a noexec tmpfs it must not run.
+    source = f"""
+const fs = require('fs'); const {{ execFileSync }} = require('child_process');
+fs.copyFileSync('/lib64/ld-linux-x86-64.so.2', '{directory}/dropped'); fs.chmodSync('{directory}/dropped', 0o755);
+try {{ execFileSync('{directory}/dropped', ['--help'], {{ stdio: 'ignore' }}); console.log('ran'); }}
+catch (e) {{ console.log(e.code); }}
+"""
+    assert (await arena.attack(source)).stdout.strip() == "EACCES"
+    await arena.assert_bystander_unaffected()
+
+
+async def test_no_docker_socket_and_exactly_the_fixed_environment(arena: Arena) -> None:
+    source = """
+const fs = require('fs');
+const sockets = ['/var/run/docker.sock', '/run/docker.sock', '/run/containerd/containerd.sock', '/run/podman/podman.sock']
+  .filter(p => fs.existsSync(p));
+console.log(JSON.stringify({ env: process.env, sockets }));
+"""
+    outcome = json.loads((await arena.attack(source)).stdout)
+    assert outcome["sockets"] == []
+    assert outcome["env"] == {"PATH": "/usr/local/bin", "HOME": "/workspace", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+    await arena.assert_bystander_unaffected()
+
+
+async def test_the_hostname_does_not_reveal_the_container_id(arena: Arena) -> None:
+    result = await arena.attack("console.log(require('os').hostname())")
+    assert result.stdout == "sandbox\n"
+    assert arena.victim.container_id[:12] not in result.stdout

@@ -1,0 +1,150 @@
+"""Resource attacks: each is contained by a limit, and the other sandbox and the host do not notice."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+
+import pytest
+
+from tests.security.conftest import Arena
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
+MiB = 1024 * 1024
+
+
+async def test_a_child_process_fork_bomb_stops_at_the_pid_limit(arena: Arena) -> None:
+    source = """
+const { spawn } = require('child_process');
+let spawned = 0, refused = 0;
+function bomb() {
+  try { const c = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1000)'], { stdio: 'ignore' });
+        c.on('error', () => refused++); c.on('spawn', () => spawned++); }
+  catch { refused++; }
+}
+function tasks() {
+  const fs = require('fs'); let n = 0;
+  for (const p of fs.readdirSync('/proc').filter(p => /^\\d+$/.test(p)))
+    try { n += +fs.readFileSync(`/proc/${p}/status`, 'utf8').match(/Threads:\\s+(\\d+)/)[1]; } catch {}
+  return n;
+}
+let peak = 0;
+const t = setInterval(() => { for (let i = 0; i < 20; i++) bomb(); peak = Math.max(peak, tasks()); }, 20);
+setTimeout(() => { clearInterval(t); console.log(JSON.stringify({ spawned, refused, peak })); process.exit(0); }, 4000);
+"""
+    result = await arena.attack(source, timeout=20)
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert counts["refused"] > 0  # the PID limit, not the host, said no
+    assert counts["peak"] <= 128  # tasks (processes and threads) in the container never passed the limit
+    await arena.assert_bystander_unaffected()
+
+
+async def test_a_worker_threads_bomb_stops_at_the_pid_limit(arena: Arena) -> None:
+    source = """
+const { Worker } = require('worker_threads');
+let started = 0, failed = 0;
+for (let i = 0; i < 400; i++) {
+  try { const w = new Worker('setInterval(() => {}, 1000)', { eval: true });
+        w.on('online', () => started++); w.on('error', () => failed++); }
+  catch { failed++; }
+}
+setTimeout(() => { console.log(JSON.stringify({ started, failed })); process.exit(0); }, 4000);
+"""
+    result = await arena.attack(source, timeout=20)
+    assert result.exit_code is not None or result.signal is not None
+    if result.exit_code == 0:
+        counts = json.loads(result.stdout.strip().splitlines()[-1])
+        assert counts["started"] < 128  # threads count against the 128 PIDs
+    await arena.assert_bystander_unaffected()
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "const a = []; for (;;) a.push(new Array(1e6).fill(1.5));",
+        "const a = []; for (;;) a.push(Buffer.alloc(64 * 1024 * 1024, 7));",
+    ],
+    ids=["heap", "off-heap-buffers"],
+)
+async def test_memory_bombs_end_at_the_memory_limit_without_swap(arena: Arena, source: str) -> None:
+    result = await arena.attack(source, timeout=40)
+    assert result.exit_code != 0
+    assert result.oom_killed or result.signal in ("SIGABRT", "SIGTRAP", "SIGKILL") or result.exit_code == 134
+    inspect = arena.manager.engine.inspect_container_raw(arena.victim.container_id)["HostConfig"]
+    assert inspect["Memory"] == inspect["MemorySwap"] == 512 * MiB
+    await arena.assert_bystander_unaffected()
+
+
+@pytest.mark.parametrize("directory", ["/workspace", "/tmp"])
+async def test_filling_a_tmpfs_hits_enospc_at_64_mib(arena: Arena, directory: str) -> None:
+    source = f"""
+const fs = require('fs'); let written = 0, code = null;
+const chunk = Buffer.alloc(1024 * 1024, 1);
+try {{ const fd = fs.openSync('{directory}/fill.bin', 'w'); for (;;) {{ fs.writeSync(fd, chunk); written += chunk.length; }} }}
+catch (e) {{ code = e.code; }}
+console.log(JSON.stringify({{ written, code }}));
+"""
+    result = await arena.attack(source)
+    outcome = json.loads(result.stdout)
+    assert outcome["code"] == "ENOSPC"
+    assert outcome["written"] <= 64 * MiB
+    await arena.assert_bystander_unaffected()
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["for (;;) {}", "Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);"],
+    ids=["busy-loop", "atomics-wait-hang"],
+)
+async def test_busy_and_idle_hangs_are_killed_at_the_deadline(arena: Arena, source: str) -> None:
+    started = time.monotonic()
+    result = await arena.attack(source, timeout=2)
+    assert result.timed_out and time.monotonic() - started < 4
+    await arena.assert_bystander_unaffected()
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "const s = 'y'.repeat(1 << 20); for (let i = 0; i < 50; i++) process.stdout.write(s);",
+        "const s = Buffer.alloc(1 << 20, 0x41); for (let i = 0; i < 50; i++) process.stderr.write(s);",
+        "const fs = require('fs'); for (;;) fs.writeSync(1, 'flood flood flood flood flood\\n');",
+    ],
+    ids=["50-MB-line-stdout", "50-MB-line-stderr", "endless-lines"],
+)
+async def test_output_floods_are_capped_and_host_memory_stays_bounded(arena: Arena, source: str) -> None:
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = await arena.attack(source, timeout=20)
+    assert result.termination_reason == "OUTPUT_LIMIT_EXCEEDED"
+    assert len(result.stdout.encode()) <= MiB and len(result.stderr.encode()) <= MiB
+    assert result.stdout_truncated or result.stderr_truncated
+    # ru_maxrss is in KiB: the host held at most a few copies of the 1 MiB cap, not the 50 MB flood.
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 40 * 1024
+    await arena.assert_bystander_unaffected()
+
+
+async def test_exhausting_file_descriptors_hits_emfile(arena: Arena) -> None:
+    source = """
+const fs = require('fs'); let opened = 0, code = null;
+try { for (;;) { fs.openSync('/proc/self/status', 'r'); opened++; } } catch (e) { code = e.code; }
+console.log(JSON.stringify({ opened, code }));
+"""
+    outcome = json.loads((await arena.attack(source)).stdout)
+    assert outcome["code"] == "EMFILE" and outcome["opened"] < 1024
+    await arena.assert_bystander_unaffected()
+
+
+async def test_writes_to_pid_1_stdout_are_refused_and_nothing_reaches_the_daemon_log(arena: Arena) -> None:
+    source = """
+const fs = require('fs'); const out = {};
+for (const target of ['/proc/1/fd/1', '/proc/1/fd/2']) {
+  try { fs.writeFileSync(target, 'LEAK-TO-DAEMON-LOG\\n'); out[target] = 'written'; } catch (e) { out[target] = e.code; }
+}
+console.log(JSON.stringify(out));
+"""
+    outcome = json.loads((await arena.attack(source)).stdout)
+    assert set(outcome.values()) <= {"EACCES", "EPERM"}
+    host_config = arena.manager.engine.inspect_container_raw(arena.victim.container_id)["HostConfig"]
+    assert host_config["LogConfig"]["Type"] == "none"  # the daemon keeps no log to reach
+    await arena.assert_bystander_unaffected()
