@@ -26,9 +26,6 @@ from typing import Any
 
 import anyio
 import docker
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
-
 from code_sandbox.engine import DockerEngine, build_create_arguments
 from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import ENVIRONMENT, LABEL_EXPIRES_AT, LABEL_MANAGED, SANDBOX_USER, ContainerRequest
@@ -36,6 +33,8 @@ from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import write_files
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 RESULTS = Path(__file__).parent / "results"
 SMALL_FILE = [{"path": "index.js", "content": "console.log('hello')"}]
