@@ -70,45 +70,51 @@ def summary(samples: list[float]) -> dict[str, float]:
 def raw_floor(iterations: int, image_id: str, watchdog: list[str]) -> dict[str, list[float]]:
     api = docker.from_env().api
     samples: dict[str, list[float]] = {"create+start": [], "exec node -e 0": [], "remove": [], "stream 1 MiB": []}
-    payload = b"".join(f["content"].encode() for f in HUNDRED_FILES) + SMALL_FILE[0]["content"].encode()
     labels = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(time.time()) + 600)}
+    request = ContainerRequest(image_id=image_id, command=watchdog, labels=labels, apparmor=False)
     for _ in range(iterations):
-        create_kwargs, host_kwargs = build_create_arguments(
-            ContainerRequest(image_id=image_id, command=watchdog, labels=labels, apparmor=False), start=True
-        )
-
-        def create_and_start() -> str:
-            container = api.create_container(**create_kwargs, host_config=api.create_host_config(**host_kwargs))
-            api.start(container["Id"])
-            return str(container["Id"])
-
-        container_id = timed(samples["create+start"])(create_and_start)
-
-        def exec_node() -> None:
-            exec_id = api.exec_create(container_id, ["/usr/local/bin/node", "-e", "0"], user=SANDBOX_USER,
-                                      environment=dict(ENVIRONMENT), workdir="/workspace")["Id"]  # fmt: skip
-            api.exec_start(exec_id)
-            assert api.exec_inspect(exec_id)["ExitCode"] == 0
-
-        timed(samples["exec node -e 0"])(exec_node)
-
-        def stream() -> None:
-            # The same bytes write_files sends for 100 x 10 KiB, through one exec's stdin, read by node.
-            source = "let n=0;process.stdin.on('data',c=>n+=c.length).on('end',()=>process.stdout.write(String(n)))"
-            exec_id = api.exec_create(container_id, ["/usr/local/bin/node", "-e", source], stdin=True,
-                                      user=SANDBOX_USER, environment=dict(ENVIRONMENT), workdir="/workspace")["Id"]  # fmt: skip
-            sock = api.exec_start(exec_id, socket=True)
-            raw = getattr(sock, "_sock", sock)
-            raw.sendall(struct.pack(">I", 0) + payload)
-            raw.shutdown(socket.SHUT_WR)
-            while raw.recv(65536):
-                pass
-            raw.close()
-            sock.close()
-
-        timed(samples["stream 1 MiB"])(stream)
-        timed(samples["remove"])(lambda: api.remove_container(container_id, force=True))
+        container_id = timed(samples["create+start"])(lambda: _raw_create_and_start(api, request))
+        timed(samples["exec node -e 0"])(lambda: _raw_exec_node(api, container_id))  # noqa: B023
+        timed(samples["stream 1 MiB"])(lambda: _raw_stream(api, container_id))  # noqa: B023
+        timed(samples["remove"])(lambda: api.remove_container(container_id, force=True))  # noqa: B023
     return samples
+
+
+def _raw_create_and_start(api: Any, request: ContainerRequest) -> str:
+    create_kwargs, host_kwargs = build_create_arguments(request, start=True)
+    container = api.create_container(**create_kwargs, host_config=api.create_host_config(**host_kwargs))
+    api.start(container["Id"])
+    return str(container["Id"])
+
+
+def _raw_exec_node(api: Any, container_id: str) -> None:
+    exec_id = api.exec_create(
+        container_id, ["/usr/local/bin/node", "-e", "0"], user=SANDBOX_USER, environment=dict(ENVIRONMENT)
+    )["Id"]
+    api.exec_start(exec_id)
+    if api.exec_inspect(exec_id)["ExitCode"] != 0:
+        raise RuntimeError("node -e 0 failed in the raw floor")
+
+
+def _raw_stream(api: Any, container_id: str) -> None:
+    """The same bytes write_files sends for 100 x 10 KiB, through one exec's stdin, read by node."""
+    payload = b"".join(f["content"].encode() for f in HUNDRED_FILES) + SMALL_FILE[0]["content"].encode()
+    source = "let n=0;process.stdin.on('data',c=>n+=c.length).on('end',()=>process.stdout.write(String(n)))"
+    exec_id = api.exec_create(
+        container_id,
+        ["/usr/local/bin/node", "-e", source],
+        stdin=True,
+        user=SANDBOX_USER,
+        environment=dict(ENVIRONMENT),
+    )["Id"]
+    sock = api.exec_start(exec_id, socket=True)
+    raw = getattr(sock, "_sock", sock)
+    raw.sendall(struct.pack(">I", 0) + payload)
+    raw.shutdown(socket.SHUT_WR)
+    while raw.recv(65536):
+        pass
+    raw.close()
+    sock.close()
 
 
 # -- the core API and the MCP surface ----------------------------------------------------------------------------
@@ -166,7 +172,8 @@ async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]
                 samples["run_javascript hello"],
                 client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "index.js"}),
             )
-            assert run.structured_content["stdout"] == "hello\n", run
+            if run.structured_content["stdout"] != "hello\n":
+                raise RuntimeError("run_javascript did not print hello")
             await atimed(samples["read_file"], client.call_tool("read_file", {"session_id": sid, "path": "index.js"}))
             await atimed(samples["destroy_sandbox"], client.call_tool("destroy_sandbox", {"session_id": sid}))
             await atimed(
