@@ -65,7 +65,10 @@ function parseRequest(text) {
   }
   const keys = ['argv', 'timeout_ms', 'stdout_cap', 'stderr_cap'];
   const isObject = req !== null && typeof req === 'object' && !Array.isArray(req);
-  if (!isObject || Object.keys(req).length !== keys.length || !keys.every((k) => Object.hasOwn(req, k))) return null;
+  // "stream" is optional: when true, kept output is also sent as it arrives (see capture()).
+  const extra = isObject ? Object.keys(req).filter((k) => !keys.includes(k)) : [];
+  if (!isObject || !keys.every((k) => Object.hasOwn(req, k)) || extra.some((k) => k !== 'stream')) return null;
+  if (Object.hasOwn(req, 'stream') && typeof req.stream !== 'boolean') return null;
   const { argv } = req;
   const argvOk = Array.isArray(argv) && argv.length >= 1 && argv.length <= 256 && argv[0] !== '' &&
     argv.every((a) => typeof a === 'string' && a.length <= 65536 && !a.includes('\0'));
@@ -141,8 +144,10 @@ async function killLeftovers() {
 }
 
 // Counts every byte but keeps only `cap`; crossing the cap calls onOverflow once. We keep reading (and
-// discarding) until the kill lands, so a flooding child can never stall the runner or fill the pipe.
-function capture(stream, cap, onOverflow) {
+// discarding) until the kill lands, so a flooding child can never stall the runner or fill the pipe. With
+// `name` set, every kept piece is also written to our stderr at once as {"stream": name, "b64": ...}, so the
+// host can show output while the program runs; the final answer still carries all of it.
+function capture(stream, cap, onOverflow, name) {
   const c = { chunks: [], kept: 0, total: 0, truncated: false };
   stream.on('data', (chunk) => {
     c.total += chunk.length;
@@ -150,6 +155,7 @@ function capture(stream, cap, onOverflow) {
       const part = chunk.subarray(0, cap - c.kept);
       c.chunks.push(part);
       c.kept += part.length;
+      if (name) process.stderr.write(`${JSON.stringify({ stream: name, b64: part.toString('base64') })}\n`);
     }
     if (c.total > cap && !c.truncated) {
       c.truncated = true;
@@ -191,8 +197,8 @@ async function run(req) {
       // the group is already empty
     }
   };
-  const out = capture(child.stdout, req.stdout_cap, killGroup);
-  const err = capture(child.stderr, req.stderr_cap, killGroup);
+  const out = capture(child.stdout, req.stdout_cap, killGroup, req.stream ? 'stdout' : null);
+  const err = capture(child.stderr, req.stderr_cap, killGroup, req.stream ? 'stderr' : null);
   let timedOut = false;
   const timer = setTimeout(() => {
     timedOut = true;
@@ -235,10 +241,26 @@ async function run(req) {
   };
 }
 
+// Whether the watchdog (another uid's process, under init) has installed its SIGUSR2 handler: a warm container
+// is claimed with SIGUSR2, whose default action would kill a watchdog that has not finished starting.
+function watchdogReady() {
+  for (const pid of fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p) && p !== '1')) {
+    try {
+      if (!fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('watchdog.mjs')) continue;
+      const caught = fs.readFileSync(`/proc/${pid}/status`, 'utf8').match(/SigCgt:\s*([0-9a-f]+)/);
+      return caught !== null && (BigInt(`0x${caught[1]}`) & (1n << 11n)) !== 0n; // bit 11: signal 12, SIGUSR2
+    } catch {
+      // the process went away while we looked
+    }
+  }
+  return false;
+}
+
 async function main() {
   const args = process.argv.slice(2);
   // As root, kill(-1) and the uid scan would reach every process in sight (on a host: the whole machine).
   if (process.getuid() === 0) return refusal('RUNNING_AS_ROOT');
+  if (args.length === 1 && args[0] === '--watchdog-ready') return { ok: true, ready: watchdogReady() };
   if (args.length === 1 && args[0] === '--kill-all') {
     const { cleanup, killed } = await killLeftovers();
     return { ok: true, killed, cleanup };

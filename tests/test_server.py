@@ -33,6 +33,7 @@ SECRET = "S3CR3T-VALUE-7f9a"  # noqa: S105 - a marker that must never be echoed,
 def server_env(tmp_path: Path, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODE_SANDBOX_")}
     env["CODE_SANDBOX_AUDIT_LOG"] = str(tmp_path / "state" / "audit.jsonl")
+    env["CODE_SANDBOX_WARM_POOL"] = "0"  # container counts below are exact; the pool has tests of its own
     env.update({f"CODE_SANDBOX_{key.upper()}": value for key, value in settings.items()})
     return env
 
@@ -286,9 +287,13 @@ async def test_progress_notifications_arrive_during_a_long_run(tmp_path: Path) -
     assert updates[-1][0] >= 1 and "output bytes" in (updates[-1][1] or "")
 
 
-def _spawn_server(tmp_path: Path) -> subprocess.Popen[bytes]:
+def _spawn_server(tmp_path: Path, **settings: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [CLI, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=server_env(tmp_path)
+        [CLI, "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=server_env(tmp_path, **settings),
     )
 
 
@@ -311,9 +316,13 @@ def _initialize_and_create(proc: subprocess.Popen[bytes]) -> None:
 def test_the_server_removes_its_sandboxes_and_exits_0_on_eof_or_sigterm(
     tmp_path: Path, engine: DockerEngine, how: str
 ) -> None:
-    with _spawn_server(tmp_path) as proc:
+    with _spawn_server(tmp_path, warm_pool="1") as proc:
         _initialize_and_create(proc)
-        assert len(engine.list_containers(f"{LABEL_MANAGED}=true")) == 1
+        # The session, and the warm container that refills the pool behind it.
+        deadline = time.monotonic() + 30
+        while len(engine.list_containers(f"{LABEL_MANAGED}=true")) < 2:
+            assert time.monotonic() < deadline, "the warm pool did not refill"
+            time.sleep(0.1)
         started = time.monotonic()
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)

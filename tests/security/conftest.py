@@ -25,7 +25,14 @@ def host_process_count() -> int:
 
 
 def _host_pids() -> set[str]:
-    return {name for name in os.listdir("/proc") if name.isdigit()}
+    """User-space processes on the host; kernel threads (children of kthreadd, pid 2) come and go with load."""
+    pids: set[str] = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit() and name != "2":
+            with contextlib.suppress(OSError, IndexError):
+                if Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1] != "2":
+                    pids.add(name)
+    return pids
 
 
 def _new_process_states(before: set[str]) -> dict[str, int]:

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 import time
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, NoReturn
 
+import anyio
 import typer
+from code_sandbox.doctor import Finding, run_doctor
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_PROFILE
 from code_sandbox.image import build_offline_image, verify_image
+from code_sandbox.local_run import run_local
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
-from code_sandbox.sessions import LABEL_SESSION, survey_managed
+from code_sandbox.sessions import LABEL_SESSION, SessionManager, survey_managed
 from code_sandbox.settings import Settings, load_settings
 
 app = typer.Typer(
@@ -83,6 +89,106 @@ def serve(
         run_stdio_server(settings, profile)
     except SandboxError as error:
         fail(error)
+
+
+@app.command("run")
+def run_command(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="A JavaScript file, or a folder of files (index.js runs unless --entrypoint says otherwise).",
+            exists=True,
+            resolve_path=True,
+        ),
+    ],
+    arguments: Annotated[
+        list[str] | None, typer.Argument(help="Arguments for the program; put them after `--`.", show_default=False)
+    ] = None,
+    entrypoint: Annotated[
+        str | None, typer.Option("--entrypoint", "-e", help="The file to run, relative to PATH's folder.")
+    ] = None,
+    timeout: Annotated[
+        int | None, typer.Option("--timeout", help="Seconds before the program is killed (default: the setting).")
+    ] = None,
+) -> None:
+    """Run a local JavaScript file or folder in a fresh sandbox, stream its output, and exit with its exit code.
+
+    Example: code-sandbox run examples/hello
+    """
+    settings = _settings()
+    profile = _profile(settings)
+    _configure_logging(verbose=False)
+    try:
+        status = anyio.run(_run_local, settings, profile, path, entrypoint, arguments or [], timeout)
+    except SandboxError as error:
+        fail(error)
+    raise typer.Exit(status)
+
+
+async def _run_local(
+    settings: Settings,
+    profile: Profile,
+    path: Path,
+    entrypoint: str | None,
+    arguments: list[str],
+    timeout_seconds: int | None,
+) -> int:
+    engine = DockerEngine()
+    manager = SessionManager(engine, profile, replace(settings, warm_pool=0))
+    printed = {"stdout": 0, "stderr": 0}
+    sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+
+    async def show(stream: str, data: bytes) -> None:
+        sinks[stream].write(data)
+        sinks[stream].flush()
+        printed[stream] += len(data)
+
+    try:
+        result = await run_local(
+            manager, path, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout_seconds, output=show
+        )
+    finally:
+        await manager.shutdown()
+        engine.close()
+    # Whatever did not stream (a client that fell behind) comes from the result.
+    await show("stdout", result.stdout_raw[printed["stdout"] :])
+    await show("stderr", result.stderr_raw[printed["stderr"] :])
+    notes = {
+        "timed_out": f"the program was killed at its timeout after {result.duration_ms} ms",
+        "OUTPUT_LIMIT_EXCEEDED": "the program was killed for writing more than 1 MiB to one stream",
+        "oom_killed": "the program was killed by the 512 MiB memory limit",
+    }
+    if result.termination_reason in notes:
+        typer.echo(f"code-sandbox: {notes[result.termination_reason]}", err=True)
+    if result.exit_code is not None:
+        return result.exit_code
+    # Like a shell: 128 + the signal's number (SIGKILL -> 137).
+    name = result.signal or ""
+    return 128 + signal.Signals[name].value if name in signal.Signals.__members__ else 1
+
+
+@app.command()
+def doctor() -> None:
+    """Check Docker, the enforced hardening, the image, the settings and the audit log; print a fix for each failure."""
+    profile: Profile | None
+    try:
+        profile = select_profile(create_plugin_manager(), os.environ.get("CODE_SANDBOX_PROFILE") or None)
+    except SandboxError:
+        profile = None
+    engine = DockerEngine()
+    try:
+        findings = run_doctor(engine, profile)
+    finally:
+        engine.close()
+    if profile is None:
+        findings.insert(0, Finding("profile", False, "no usable runtime profile", "uv sync --frozen"))
+    width = max(len(finding.name) for finding in findings)
+    for finding in findings:
+        typer.echo(f"{'PASS' if finding.passed else 'FAIL'}  {finding.name.ljust(width)}  {finding.detail}")
+        if finding.fix:
+            typer.echo(f"      {''.ljust(width)}  fix: {finding.fix}")
+    if not all(finding.passed for finding in findings):
+        raise typer.Exit(1)
 
 
 @app.command("build-image")

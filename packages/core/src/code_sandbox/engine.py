@@ -87,6 +87,44 @@ class ExecResult:
     stderr: bytes
 
 
+def build_create_arguments(request: ContainerRequest, *, start: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The docker SDK arguments for a hardened container: ``create_container`` keywords and ``create_host_config``
+    keywords. Every value comes from :mod:`code_sandbox.hardening`; the benchmark's raw floor uses the same."""
+    hardening = request.hardening
+    host_config = {
+        "network_mode": "none",
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": hardening.security_opt(apparmor=request.apparmor),
+        "mem_limit": hardening.memory_bytes,
+        "memswap_limit": hardening.memory_bytes,
+        "nano_cpus": hardening.nano_cpus,
+        "pids_limit": hardening.pids_limit,
+        "init": True,
+        "ulimits": [
+            Ulimit(name="core", soft=0, hard=0),
+            Ulimit(name="nofile", soft=hardening.nofile, hard=hardening.nofile),
+        ],
+        "tmpfs": dict(hardening.tmpfs),
+        "log_config": LogConfig(type="none"),
+        "auto_remove": start,
+        "privileged": False,
+        "cgroupns": "private",
+        "ipc_mode": "none",  # no /dev/shm: it would be writable memory outside the workspace quota
+    }
+    create = {
+        "image": request.image_id,
+        "command": request.command,
+        "user": SUPERVISOR_USER,
+        "environment": dict(ENVIRONMENT),
+        "labels": dict(request.labels),
+        "hostname": HOSTNAME,
+        "network_disabled": True,
+        "working_dir": WORKSPACE_DIR,
+    }
+    return create, host_config
+
+
 def unavailable() -> SandboxError:
     return SandboxError(
         ErrorCode.CONTAINER_UNAVAILABLE,
@@ -230,45 +268,12 @@ class DockerEngine:
     def create_container(self, request: ContainerRequest, *, start: bool = True) -> str:
         """Create (and by default start) a hardened container; on any failure nothing is left behind."""
         api = self.api()
-        hardening = request.hardening
         container_id: str | None = None
+        create_kwargs, host_kwargs = build_create_arguments(request, start=start)
         try:
             with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
-                host_config = api.create_host_config(
-                    network_mode="none",
-                    read_only=True,
-                    cap_drop=["ALL"],
-                    security_opt=hardening.security_opt(apparmor=request.apparmor),
-                    mem_limit=hardening.memory_bytes,
-                    memswap_limit=hardening.memory_bytes,
-                    nano_cpus=hardening.nano_cpus,
-                    pids_limit=hardening.pids_limit,
-                    init=True,
-                    ulimits=[
-                        Ulimit(name="core", soft=0, hard=0),
-                        Ulimit(name="nofile", soft=hardening.nofile, hard=hardening.nofile),
-                    ],
-                    tmpfs=dict(hardening.tmpfs),
-                    log_config=LogConfig(type="none"),
-                    auto_remove=start,
-                    privileged=False,
-                    cgroupns="private",
-                    ipc_mode="none",  # no /dev/shm: it would be writable memory outside the workspace quota
-                )
-                created = cast(
-                    dict[str, Any],
-                    api.create_container(
-                        image=request.image_id,
-                        command=request.command,
-                        user=SUPERVISOR_USER,
-                        environment=dict(ENVIRONMENT),
-                        labels=dict(request.labels),
-                        hostname=HOSTNAME,
-                        network_disabled=True,
-                        working_dir=WORKSPACE_DIR,
-                        host_config=host_config,
-                    ),
-                )
+                host_config = api.create_host_config(**host_kwargs)
+                created = cast(dict[str, Any], api.create_container(**create_kwargs, host_config=host_config))
                 container_id = str(created["Id"])
                 if start:
                     api.start(container_id)
@@ -278,6 +283,16 @@ class DockerEngine:
                 with contextlib.suppress(SandboxError):
                     self.remove_container(container_id)
             raise
+
+    def signal_container(self, container_id: str, signal: str) -> None:
+        """Send a signal to the container's main process (docker-init forwards it to the watchdog)."""
+        with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is not available"):
+            try:
+                self.api().kill(container_id, signal=signal)
+            except docker.errors.APIError as exc:
+                if exc.status_code in (404, 409):  # gone, or not running
+                    raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone") from None
+                raise
 
     def start_container(self, container_id: str) -> None:
         """Start a container created with ``start=False`` (it then does not remove itself)."""
@@ -292,10 +307,16 @@ class DockerEngine:
             except docker.errors.NotFound:
                 return False
             except docker.errors.APIError as exc:
-                # 409 "removal already in progress" (auto_remove racing us) counts as removed once it is gone.
-                if exc.status_code == 409 and self.container_facts(container_id) is None:
-                    return False
-                raise
+                # 409 "removal already in progress": auto_remove is racing us. It counts as removed once Docker
+                # no longer knows the container, which takes a moment.
+                if exc.status_code != 409:
+                    raise
+                deadline = time.monotonic() + 5
+                while self.container_facts(container_id) is not None:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+                return False
         return True
 
     def container_facts(self, container_id: str) -> ContainerFacts | None:
@@ -369,12 +390,14 @@ class DockerEngine:
         max_stdout: int,
         max_stderr: int = 1024 * 1024,
         on_stderr: Callable[[bytes], None] | None = None,
+        exit_code: bool = True,
     ) -> ExecResult:
         """Run ``argv`` in the container (no shell, no TTY) and collect its output within ``timeout`` seconds.
 
         ``stdin`` chunks are streamed over the exec's attach socket, then its write half is closed. Output beyond
         ``max_stdout``/``max_stderr`` is a protocol violation (our helpers never produce it) and fails the call.
-        ``on_stderr`` receives stderr chunks as they arrive (the runner's progress lines).
+        ``on_stderr`` receives stderr chunks as they arrive (the runner's progress lines). ``exit_code=False``
+        skips the ``exec_inspect`` round trip for callers that judge the output alone (the helpers' one-line answer).
 
         :raises SandboxError: ``TIMEOUT`` when the deadline passes, ``TRANSFER_FAILED`` when the stream breaks,
             ``CONTAINER_UNAVAILABLE`` when the container or daemon is gone.
@@ -423,8 +446,8 @@ class DockerEngine:
                 attached.close()
             with contextlib.suppress(OSError):
                 raw.close()
-        exit_code = self._exec_exit_code(exec_id, deadline)
-        return ExecResult(exit_code=exit_code, stdout=stdout, stderr=stderr)
+        code = self._exec_exit_code(exec_id, deadline) if exit_code else None
+        return ExecResult(exit_code=code, stdout=stdout, stderr=stderr)
 
     def _exec_exit_code(self, exec_id: str, deadline: float) -> int | None:
         # The attach stream can end a moment before the daemon records the exit; poll briefly.

@@ -48,6 +48,10 @@ CANCEL_KILL_ATTEMPTS = 3
 CANCEL_WAIT_SECONDS = 0.5
 
 Progress = Callable[[float, int], Coroutine[Any, Any, None]]
+OutputSink = Callable[[str, bytes], Coroutine[Any, Any, None]]
+"""Called with ("stdout" or "stderr", bytes) as output arrives, in order; once a stream falls behind (its
+buffer full), its later pieces are not sent and the caller takes the rest from the result's raw bytes."""
+_Update = tuple[float, int] | tuple[str, bytes]
 """Called about once a second during a run with (elapsed seconds, output bytes so far)."""
 
 TerminationReason = Literal["exited", "signaled", "timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed"]
@@ -69,6 +73,8 @@ class RunResult:
     duration_ms: int
     output_bytes: int
     leftover_processes_killed: int
+    stdout_raw: bytes = b""
+    stderr_raw: bytes = b""
 
 
 def validate_arguments(arguments: Sequence[str]) -> list[str]:
@@ -111,6 +117,7 @@ async def run_entrypoint(
     *,
     timeout_seconds: int | None,
     progress: Progress | None = None,
+    output: OutputSink | None = None,
 ) -> RunResult:
     """Run ``entrypoint`` with ``arguments`` in the sandbox and return how it ended."""
     settings = manager.settings
@@ -131,6 +138,7 @@ async def run_entrypoint(
             "timeout_ms": timeout * 1000,
             "stdout_cap": OUTPUT_CAP_BYTES,
             "stderr_cap": OUTPUT_CAP_BYTES,
+            "stream": output is not None,
         }
         finished = threading.Event()
 
@@ -143,13 +151,14 @@ async def run_entrypoint(
                     request=request,
                     timeout=timeout + HOST_GRACE_SECONDS,
                     max_answer=8 * MiB,
+                    max_stderr=8 * MiB,  # progress lines, and streamed output when asked for
                     on_stderr=on_stderr,
                 )
             finally:
                 finished.set()
 
         try:
-            answer = await _supervise(call, progress)
+            answer = await _supervise(call, progress, output)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await cancel_run(manager, session, finished)
@@ -172,7 +181,9 @@ async def run_entrypoint(
 
 
 async def _supervise(
-    call: Callable[[Callable[[bytes], None] | None], dict[str, Any]], progress: Progress | None
+    call: Callable[[Callable[[bytes], None] | None], dict[str, Any]],
+    progress: Progress | None,
+    output: OutputSink | None,
 ) -> dict[str, Any]:
     """Run the blocking runner call in a worker thread, relaying progress beside it.
 
@@ -182,12 +193,12 @@ async def _supervise(
     outcome: dict[str, Any] = {}
     failure: BaseException | None = None
     async with anyio.create_task_group() as group:
-        send, receive = anyio.create_memory_object_stream[tuple[float, int]](1)
+        send, receive = anyio.create_memory_object_stream[_Update](64)
         with send:
             on_stderr = None
-            if progress is not None:
-                group.start_soon(_deliver_progress, receive, progress)
-                on_stderr = _progress_reader(send)
+            if progress is not None or output is not None:
+                group.start_soon(_deliver_updates, receive, progress, output)
+                on_stderr = _update_reader(send)
             else:
                 receive.close()
             try:
@@ -237,6 +248,8 @@ async def _result(manager: SessionManager, session: Session, raw: dict[str, Any]
         oom_killed=answer.oom_killed,
         stdout=stdout.decode("utf-8", "replace"),
         stderr=stderr.decode("utf-8", "replace"),
+        stdout_raw=stdout,
+        stderr_raw=stderr,
         stdout_truncated=answer.stdout_truncated,
         stderr_truncated=answer.stderr_truncated,
         termination_reason=reason,
@@ -275,39 +288,56 @@ async def cancel_run(manager: SessionManager, session: Session, finished: thread
     await manager.fail_closed(session)
 
 
-async def _deliver_progress(receive: MemoryObjectReceiveStream[tuple[float, int]], progress: Progress) -> None:
+async def _deliver_updates(
+    receive: MemoryObjectReceiveStream[_Update], progress: Progress | None, output: OutputSink | None
+) -> None:
     async with receive:
-        async for elapsed, output in receive:
+        async for first, second in receive:
             try:
-                await progress(elapsed, output)
-            except Exception:  # a client that cannot take progress must not break the run
-                logger.debug("a progress notification could not be sent")
+                if isinstance(first, str) and isinstance(second, bytes):
+                    if output is not None:
+                        await output(first, second)
+                elif progress is not None and isinstance(first, float) and isinstance(second, int):
+                    await progress(first, second)
+            except Exception:  # a client that cannot take an update must not break the run
+                logger.debug("a progress or output update could not be delivered")
 
 
-def _progress_reader(send: MemoryObjectSendStream[tuple[float, int]]) -> Callable[[bytes], None]:
-    """Turn the runner's stderr progress lines into updates for the event loop, without ever blocking the reader.
+def _update_reader(send: MemoryObjectSendStream[_Update]) -> Callable[[bytes], None]:
+    """Turn the runner's stderr lines (progress, streamed output) into updates for the event loop.
 
-    The exec thread offers updates on a one-slot stream and drops them when it is full, so a client that reads
-    slowly can delay progress notifications but never the run or its deadline.
+    The exec thread never blocks on a slow consumer: it offers each update and drops it when the buffer is full,
+    so a slow client can delay updates but never the run or its deadline. A stream that lost a piece is not
+    continued (no gaps); its remainder comes from the result.
     """
     pending = bytearray()
+    behind: set[str] = set()
 
-    def offer(update: tuple[float, int]) -> None:
-        with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+    def offer(update: _Update) -> bool:
+        try:
             send.send_nowait(update)
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return False
+        return True
+
+    def handle(update: dict[str, Any]) -> None:
+        if "stream" in update:
+            name = str(update["stream"])
+            if name in behind:
+                return
+            if not anyio.from_thread.run_sync(offer, (name, base64.b64decode(update["b64"], validate=True))):
+                behind.add(name)
+            return
+        output = int(update["stdout_bytes"]) + int(update["stderr_bytes"])
+        anyio.from_thread.run_sync(offer, (float(update["elapsed_ms"]) / 1000, output))
 
     def on_stderr(chunk: bytes) -> None:
         pending.extend(chunk)
         while b"\n" in pending:
             line, _, rest = bytes(pending).partition(b"\n")
             pending[:] = rest
-            try:
-                update = json.loads(line)
-                elapsed = float(update["elapsed_ms"]) / 1000
-                output = int(update["stdout_bytes"]) + int(update["stderr_bytes"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            with contextlib.suppress(RuntimeError):  # the event loop is gone: nobody wants progress any more
-                anyio.from_thread.run_sync(offer, (elapsed, output))
+            with contextlib.suppress(ValueError, KeyError, TypeError, RuntimeError):
+                # RuntimeError: the event loop is gone, so nobody wants updates any more.
+                handle(json.loads(line))
 
     return on_stderr

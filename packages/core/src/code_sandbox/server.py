@@ -198,6 +198,7 @@ class SandboxServer(MCPServer[None]):
             async with anyio.create_task_group() as group:
                 group.start_soon(self._sweep)
                 group.start_soon(self.manager.run_reaper)
+                group.start_soon(self.manager.run_pool)
                 try:
                     yield None
                 finally:

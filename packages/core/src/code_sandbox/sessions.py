@@ -30,6 +30,7 @@ from code_sandbox.hardening import (
     LABEL_PROFILE,
     ContainerRequest,
 )
+from code_sandbox.helpers import call_helper
 from code_sandbox.image import verify_image
 from code_sandbox.plugins import Profile
 from code_sandbox.settings import Settings
@@ -42,6 +43,12 @@ WATCHDOG_GRACE_SECONDS = 2
 """The container outlives the host-side deadline by this much, so the host always expires a session first."""
 REAPER_INTERVAL_SECONDS = 2.0
 SHUTDOWN_SECONDS = 8.0
+CLAIM_SIGNAL = "SIGUSR2"
+"""Tells a warm container's watchdog that it now serves a session (see containers/watchdog.mjs)."""
+POOL_MARGIN_SECONDS = 10
+"""A warm container is not handed out this close to the end of its unclaimed lifetime."""
+POOL_RETRY_SECONDS = 5.0
+POOL_READY_SECONDS = 10.0
 LOST_CONTAINER_GRACE_SECONDS = 1.0
 CREATED_GRACE_SECONDS = 60
 """A created, never-started container younger than this may be another server's create or image probe."""
@@ -50,6 +57,14 @@ CREATED_GRACE_SECONDS = 60
 def session_hash(session_id: str) -> str:
     """A stable, non-reversible name for a session in logs, labels and the audit log."""
     return hashlib.sha256(session_id.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class _Pooled:
+    """A warm container, started and unclaimed."""
+
+    container_id: str
+    usable_until: float  # monotonic; after it the container is about to die by itself
 
 
 @dataclass
@@ -80,6 +95,10 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._verified_image: str | None = None
         self._image_lock = anyio.Lock()
+        self._pool: list[_Pooled] = []
+        self._warming: set[str] = set()  # created for the pool, not yet ready
+        self._pool_changed = anyio.Event()
+        self._closing = False
 
     # -- lookup -------------------------------------------------------------------------------------------------
 
@@ -128,25 +147,10 @@ class SessionManager:
         self._sessions[session_id] = Session(session_id, "", 0.0, 0.0, time.monotonic(), state="destroying")
         lifetime = self.settings.max_lifetime
         try:
-            image_id = await self._verified_image_id()
-            daemon = await self._run(self.engine.daemon_facts)
-            require_enforcement(daemon)
-            request = ContainerRequest(
-                image_id=image_id,
-                command=[*self.profile.helper_argv("watchdog"), str(lifetime + WATCHDOG_GRACE_SECONDS)],
-                labels={
-                    LABEL_MANAGED: "true",
-                    LABEL_OWNER: self.owner,
-                    LABEL_PROFILE: self.profile.name,
-                    LABEL_EXPIRES_AT: str(int(time.time()) + lifetime + WATCHDOG_GRACE_SECONDS),
-                    LABEL_SESSION: session_hash(session_id),
-                },
-                apparmor=daemon.apparmor,
-            )
-            # Shielded: a cancellation must not lose the ID of a container that was created anyway.
+            # Shielded: a cancellation must not lose the ID of a container that was created (or claimed) anyway.
             container_id = ""
             with anyio.CancelScope(shield=True):
-                container_id = await self._run(self.engine.create_container, request)
+                container_id = await self._claim_pooled() or await self._create_container(session_hash(session_id))
         except BaseException:
             self._sessions.pop(session_id, None)
             raise
@@ -161,6 +165,125 @@ class SessionManager:
             raise
         logger.info("session %s created", session.hash)
         return session
+
+    async def _create_container(self, label_session: str, *, pool_seconds: int | None = None) -> str:
+        """Create and start a hardened container whose watchdog enforces the session's hard lifetime.
+
+        With ``pool_seconds`` the container waits in the warm pool: it dies by itself after that long unless a
+        claim moves its deadline to a full session lifetime from the moment of the claim.
+        """
+        image_id = await self._verified_image_id()
+        daemon = await self._run(self.engine.daemon_facts)
+        require_enforcement(daemon)
+        session_seconds = self.settings.max_lifetime + WATCHDOG_GRACE_SECONDS
+        watchdog = [*self.profile.helper_argv("watchdog")]
+        if pool_seconds is None:
+            watchdog.append(str(session_seconds))
+            latest_end = int(time.time()) + session_seconds
+        else:
+            watchdog += [str(pool_seconds), str(session_seconds)]
+            latest_end = int(time.time()) + pool_seconds + session_seconds  # claimed at the last moment
+        request = ContainerRequest(
+            image_id=image_id,
+            command=watchdog,
+            labels={
+                LABEL_MANAGED: "true",
+                LABEL_OWNER: self.owner,
+                LABEL_PROFILE: self.profile.name,
+                LABEL_EXPIRES_AT: str(latest_end),
+                LABEL_SESSION: label_session,
+            },
+            apparmor=daemon.apparmor,
+        )
+        return await self._run(self.engine.create_container, request)
+
+    # -- warm pool ----------------------------------------------------------------------------------------------
+
+    async def _claim_pooled(self) -> str | None:
+        """Hand out a warm container, at most once: its watchdog switches to the session's lifetime from now."""
+        while self._pool:
+            pooled = self._pool.pop(0)
+            self._pool_changed.set()
+            if time.monotonic() >= pooled.usable_until:
+                await self._discard(pooled.container_id)
+                continue
+            try:
+                await self._run(self.engine.signal_container, pooled.container_id, CLAIM_SIGNAL)
+            except SandboxError:
+                await self._discard(pooled.container_id)
+                continue
+            return pooled.container_id
+        return None
+
+    async def run_pool(self) -> None:
+        """Keep ``warm_pool`` started containers ready, refilling in the background; never blocks a call."""
+        target = self.settings.warm_pool
+        if target == 0:
+            return
+        pool_seconds = self.settings.max_lifetime
+        while True:
+            now = time.monotonic()
+            for stale in [p for p in self._pool if now >= p.usable_until]:
+                self._pool.remove(stale)
+                await self._discard(stale.container_id)
+            try:
+                while len(self._pool) + len(self._warming) < target and not self._closing:
+                    await self._add_warm_container(pool_seconds)
+            except SandboxError as error:
+                logger.warning("the warm pool could not be refilled (%s); retrying", error.code)
+            self._pool_changed = anyio.Event()
+            with anyio.move_on_after(POOL_RETRY_SECONDS):
+                await self._pool_changed.wait()
+
+    async def _add_warm_container(self, pool_seconds: int) -> None:
+        # Known from the moment it exists, so that a shutdown drains it even while it is still getting ready.
+        container_id = ""
+        with anyio.CancelScope(shield=True):
+            container_id = await self._create_container("pool", pool_seconds=pool_seconds)
+            self._warming.add(container_id)
+        try:
+            ready = await self._watchdog_ready(container_id)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._discard(container_id)
+            raise
+        finally:
+            self._warming.discard(container_id)
+        if not ready or self._closing:
+            await self._discard(container_id)
+            if not ready:
+                raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "a warm container did not get ready")
+            return
+        self._pool.append(_Pooled(container_id, time.monotonic() + pool_seconds - POOL_MARGIN_SECONDS))
+        self._pool_changed.set()
+
+    async def _watchdog_ready(self, container_id: str) -> bool:
+        """Wait until the watchdog can take its claim signal; claimed any sooner, it would die of it."""
+        argv = [*self.profile.helper_argv("runner"), "--watchdog-ready"]
+        with anyio.move_on_after(POOL_READY_SECONDS):
+            while True:
+                try:
+                    answer = await self._run(lambda: call_helper(self.engine, container_id, argv, timeout=5))
+                except SandboxError:
+                    return False
+                if answer.get("ready") is True:
+                    return True
+                await anyio.sleep(0.02)
+        return False
+
+    @property
+    def warm_containers(self) -> tuple[str, ...]:
+        """The container IDs waiting in the warm pool (core-internal, like every container ID)."""
+        return tuple(pooled.container_id for pooled in self._pool)
+
+    async def wait_for_pool(self) -> None:
+        """Wait until the warm pool is full (benchmarks and tests use it to measure a warm hand-out)."""
+        while len(self._pool) < self.settings.warm_pool:
+            await self._pool_changed.wait()
+
+    async def _discard(self, container_id: str) -> None:
+        with contextlib.suppress(SandboxError):
+            await self._run(self.engine.remove_container, container_id, abandon=True)
 
     async def _verified_image_id(self) -> str:
         """Resolve the allowlisted tag to its immutable ID; verify each new ID once, like ``verify-image``."""
@@ -258,9 +381,13 @@ class SessionManager:
                 logger.warning("the session reaper failed a pass; it will try again")
 
     async def shutdown(self) -> None:
-        """Remove every session of this server, bounded in time."""
+        """Remove every session and warm container of this server, bounded in time."""
         with anyio.move_on_after(SHUTDOWN_SECONDS, shield=True):
             async with anyio.create_task_group() as group:
+                self._closing = True  # the pool filler stops, and discards what it was creating
+                pooled, self._pool = [entry.container_id for entry in self._pool], []
+                for container_id in [*pooled, *self._warming]:
+                    group.start_soon(self._discard, container_id)
                 for session in list(self._sessions.values()):
                     if session.container_id:
                         # Abandonable: a hung daemon must not hold shutdown past its bound; what is left is
@@ -269,6 +396,10 @@ class SessionManager:
 
     def remove_all_now(self) -> None:
         """Synchronous last resort for interpreter exit: remove what is left, ignoring failures."""
+        for container_id in [*(pooled.container_id for pooled in self._pool), *self._warming]:
+            with contextlib.suppress(Exception):
+                self.engine.remove_container(container_id)
+        self._pool = []
         for session in list(self._sessions.values()):
             if session.container_id:
                 with contextlib.suppress(Exception):

@@ -31,6 +31,7 @@ _INT_SETTINGS = (
     _IntSetting("max_sessions", 1, 20, 3, "sessions"),
     _IntSetting("default_timeout", 1, 120, 30, "seconds"),
     _IntSetting("max_timeout", 1, 300, 120, "seconds"),
+    _IntSetting("warm_pool", 0, 20, 1, "containers"),
 )
 
 
@@ -48,6 +49,7 @@ class Settings:
     max_sessions: int = 3
     default_timeout: int = 30
     max_timeout: int = 120
+    warm_pool: int = 0
     audit_enabled: bool = True
     audit_log: Path | None = None
     profile: str | None = None
@@ -107,6 +109,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError(env_name("default_timeout"), f"must not exceed {env_name('max_timeout')}")
     if ints["idle_timeout"] > ints["max_lifetime"]:
         raise SettingsError(env_name("idle_timeout"), f"must not exceed {env_name('max_lifetime')}")
+    if ints["warm_pool"] > ints["max_sessions"]:
+        raise SettingsError(env_name("warm_pool"), f"must not exceed {env_name('max_sessions')}")
     if ints["max_timeout"] >= ints["max_lifetime"]:
         raise SettingsError(env_name("max_timeout"), f"must be less than {env_name('max_lifetime')}")
 

@@ -1,0 +1,205 @@
+"""`code-sandbox doctor`: check every precondition of a working, safe set-up and say how to fix what fails.
+
+Each check is independent, so one failure (a stopped daemon, say) still lets the others report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from code_sandbox.audit import default_audit_path
+from code_sandbox.engine import DockerEngine
+from code_sandbox.errors import SandboxError
+from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, SANDBOX_USER, ContainerRequest, Hardening
+from code_sandbox.image import verify_image
+from code_sandbox.plugins import Profile
+from code_sandbox.settings import Settings, load_settings
+
+# Run inside a hardened probe container: what the kernel actually enforces, seen from inside.
+_PROBE = r"""
+const fs = require('fs'), os = require('os');
+const read = (p) => { try { return fs.readFileSync(p, 'utf8').trim(); } catch { return null; } };
+const status = read('/proc/self/status') || '';
+let rootWritable = true;
+try { fs.writeFileSync('/probe', 'x'); } catch (e) { rootWritable = e.code !== 'EROFS'; }
+console.log(JSON.stringify({
+  memory: read('/sys/fs/cgroup/memory.max') || read('/sys/fs/cgroup/memory/memory.limit_in_bytes'),
+  pids: read('/sys/fs/cgroup/pids.max') || read('/sys/fs/cgroup/pids/pids.max'),
+  interfaces: Object.keys(os.networkInterfaces()),
+  rootWritable,
+  seccomp: (status.match(/Seccomp:\s*(\d)/) || [])[1],
+  noNewPrivs: (status.match(/NoNewPrivs:\s*(\d)/) || [])[1],
+  capEff: (status.match(/CapEff:\s*(\w+)/) || [])[1],
+  apparmor: read('/proc/self/attr/current'),
+}));
+"""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One row of the doctor's table; ``fix`` is set when the check failed."""
+
+    name: str
+    passed: bool
+    detail: str
+    fix: str | None = None
+
+
+def run_doctor(engine: DockerEngine, profile: Profile | None, environ: dict[str, str] | None = None) -> list[Finding]:
+    """Run every check and return the table's rows."""
+    findings: list[Finding] = []
+    settings = _check_settings(findings, environ)
+    docker_ok = _check_docker(findings, engine)
+    if docker_ok and profile is not None:
+        _check_hardening(findings, engine, profile)
+        _check_image(findings, engine, profile)
+    elif profile is not None:
+        for name in ("hardening enforced", "image"):
+            findings.append(Finding(name, False, "not checked: Docker is not reachable", "fix Docker first"))
+    _check_audit_log(findings, settings)
+    return findings
+
+
+def _check_settings(findings: list[Finding], environ: dict[str, str] | None) -> Settings | None:
+    try:
+        settings = load_settings(environ)
+    except SandboxError as error:
+        findings.append(Finding("settings", False, error.message, error.hint or "fix or unset the variable"))
+        return None
+    findings.append(Finding("settings", True, "all CODE_SANDBOX_* values are valid"))
+    return settings
+
+
+def _check_docker(findings: list[Finding], engine: DockerEngine) -> bool:
+    try:
+        engine.ping()
+        daemon = engine.daemon_facts()
+    except SandboxError:
+        findings.append(
+            Finding(
+                "docker",
+                False,
+                "the Docker engine is not reachable",
+                "start Docker (Docker Desktop, or `sudo systemctl start docker`) and check `docker info` works",
+            )
+        )
+        return False
+    if daemon.os_type != "linux":
+        findings.append(
+            Finding(
+                "docker", False, f"the engine runs {daemon.os_type} containers", "switch Docker to Linux containers"
+            )
+        )
+        return False
+    findings.append(Finding("docker", True, f"reachable, Linux containers, {daemon.architecture}"))
+    return True
+
+
+def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Profile) -> None:
+    image = engine.image_facts(profile.image_spec().tag)
+    if image is None:
+        findings.append(Finding("hardening enforced", False, "not checked: no image", "build the image first"))
+        return
+    daemon = engine.daemon_facts()
+    hardening = Hardening()
+    labels = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: "0"}  # a probe: any sweep may remove it
+    request = ContainerRequest(image.id, [*profile.helper_argv("watchdog"), "60"], labels, daemon.apparmor)
+    try:
+        container_id = engine.create_container(request)
+    except SandboxError:
+        findings.append(
+            Finding(
+                "hardening enforced",
+                False,
+                "a hardened container could not start",
+                "the engine may lack seccomp, cgroup memory/pids limits or tmpfs support; use a current Docker",
+            )
+        )
+        return
+    try:
+        result = engine.exec(
+            container_id, ["/usr/local/bin/node", "-e", _PROBE], user=SANDBOX_USER, timeout=30, max_stdout=65536
+        )
+        seen = json.loads(result.stdout)
+    except (SandboxError, ValueError):
+        findings.append(
+            Finding("hardening enforced", False, "the probe did not answer", "run `code-sandbox verify-image`")
+        )
+        return
+    finally:
+        with contextlib.suppress(SandboxError):
+            engine.remove_container(container_id)
+    checks: list[tuple[str, Callable[[], bool]]] = [
+        ("memory limit", lambda: _as_int(seen.get("memory")) == hardening.memory_bytes),
+        ("PID limit", lambda: _as_int(seen.get("pids")) == hardening.pids_limit),
+        ("no network", lambda: set(seen.get("interfaces") or []) <= {"lo"}),
+        ("read-only root", lambda: seen.get("rootWritable") is False),
+        ("seccomp", lambda: seen.get("seccomp") == "2"),
+        ("no-new-privileges", lambda: seen.get("noNewPrivs") == "1"),
+        ("no capabilities", lambda: seen.get("capEff") == "0000000000000000"),
+    ]
+    if daemon.apparmor:
+        checks.append(("AppArmor", lambda: "docker-default" in str(seen.get("apparmor"))))
+    failed = [name for name, ok in checks if not ok()]
+    passed_names = ", ".join(name for name, _ok in checks)
+    findings.append(
+        Finding(
+            "hardening enforced",
+            not failed,
+            passed_names if not failed else "not enforced: " + ", ".join(failed),
+            None
+            if not failed
+            else "the engine does not enforce these limits; use Docker Engine 20.10+ on Linux "
+            "with cgroups and seccomp, or Docker Desktop with Linux containers",
+        )
+    )
+
+
+def _check_image(findings: list[Finding], engine: DockerEngine, profile: Profile) -> None:
+    try:
+        report = verify_image(engine, profile)
+    except SandboxError as error:
+        findings.append(Finding("image", False, error.message, "run `code-sandbox build-image --offline`"))
+        return
+    if report.passed and report.image is not None:
+        findings.append(Finding("image", True, f"{profile.image_spec().tag} passes verify-image"))
+        return
+    failed = ", ".join(check.name for check in report.checks if not check.passed)
+    missing = report.image is None
+    findings.append(
+        Finding(
+            "image",
+            False,
+            f"{profile.image_spec().tag} is missing" if missing else f"{profile.image_spec().tag} fails: {failed}",
+            "run `code-sandbox build-image --offline`, then `code-sandbox verify-image`",
+        )
+    )
+
+
+def _check_audit_log(findings: list[Finding], settings: Settings | None) -> None:
+    if settings is not None and not settings.audit_enabled:
+        findings.append(Finding("audit log", True, "disabled (CODE_SANDBOX_AUDIT_ENABLED=false)"))
+        return
+    path = (settings.audit_log if settings else None) or default_audit_path()
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+    except OSError:
+        findings.append(
+            Finding(
+                "audit log",
+                False,
+                "the audit log cannot be written",
+                "set CODE_SANDBOX_AUDIT_LOG to a writable file, or CODE_SANDBOX_AUDIT_ENABLED=false",
+            )
+        )
+        return
+    findings.append(Finding("audit log", True, "writable"))
+
+
+def _as_int(value: object) -> int | None:
+    return int(value) if isinstance(value, str) and value.isdigit() else None

@@ -1,0 +1,103 @@
+"""`code-sandbox run`: run a local JavaScript file or folder in a fresh sandbox, without an MCP client.
+
+The files are read into memory and written exactly as ``write_files`` writes them; output streams back while the
+program runs, and the sandbox is destroyed afterwards whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.execution import OutputSink, RunResult, run_entrypoint
+from code_sandbox.paths import validate_path
+from code_sandbox.sessions import SessionManager
+from code_sandbox.workspace import MAX_FILES_PER_CALL, write_files
+
+SKIPPED_DIRECTORIES = frozenset({".git", "node_modules", "__pycache__"})
+
+
+def collect_files(path: Path) -> list[tuple[str, str]]:
+    """Read a file, or every file under a folder, as (workspace path, text). Symlinks are refused, not followed."""
+    root = path if path.is_dir() else path.parent
+    candidates = [path] if not path.is_dir() else sorted(_walk(path))
+    files: list[tuple[str, str]] = []
+    for candidate in candidates:
+        relative = candidate.relative_to(root).as_posix()
+        if stat.S_ISLNK(candidate.lstat().st_mode):
+            raise SandboxError(
+                ErrorCode.INVALID_PATH,
+                "symbolic links are not copied into a sandbox",
+                hint="replace the link with the file it points to",
+            )
+        try:
+            text = candidate.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            raise SandboxError(
+                ErrorCode.BINARY_FILE, "only UTF-8 text files can be copied into a sandbox", hint="remove binary files"
+            ) from None
+        files.append((validate_path(relative), text))
+    if not files:
+        raise SandboxError(ErrorCode.NOT_FOUND, "there is no file to run", hint="pass a .js file or a folder of them")
+    if len(files) > MAX_FILES_PER_CALL:
+        raise SandboxError(
+            ErrorCode.WORKSPACE_LIMIT_EXCEEDED,
+            f"a sandbox takes at most {MAX_FILES_PER_CALL} files",
+            hint="run a smaller folder",
+        )
+    return files
+
+
+def _walk(folder: Path) -> list[Path]:
+    found: list[Path] = []
+    for entry in folder.iterdir():
+        if entry.name in SKIPPED_DIRECTORIES or entry.name.startswith("."):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            found.extend(_walk(entry))
+        else:
+            found.append(entry)
+    return found
+
+
+def choose_entrypoint(files: Sequence[tuple[str, str]], requested: str | None, suffixes: tuple[str, ...]) -> str:
+    """The requested entrypoint, else the only file, else ``index`` with an allowed suffix."""
+    names = [name for name, _text in files]
+    if requested is not None:
+        return validate_path(requested)
+    if len(names) == 1:
+        return names[0]
+    for suffix in suffixes:
+        if f"index{suffix}" in names:
+            return f"index{suffix}"
+    raise SandboxError(
+        ErrorCode.INVALID_REQUEST, "the folder has no index.js; say which file to run", hint="add --entrypoint FILE"
+    )
+
+
+async def run_local(
+    manager: SessionManager,
+    path: Path,
+    *,
+    entrypoint: str | None,
+    arguments: Sequence[str],
+    timeout_seconds: int | None,
+    output: OutputSink,
+) -> RunResult:
+    """Create a sandbox, copy the files in from memory, run, stream output, and destroy the sandbox."""
+    files = collect_files(path)
+    chosen = choose_entrypoint(files, entrypoint, manager.profile.info.entrypoint_suffixes)
+    session = await manager.create()
+    try:
+        await write_files(manager, session.id, files, overwrite=False)
+        return await run_entrypoint(
+            manager, session.id, chosen, arguments, timeout_seconds=timeout_seconds, output=output
+        )
+    finally:
+        with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
+            await manager.destroy(session.id)
