@@ -17,8 +17,9 @@ from code_sandbox.engine import ContainerFacts, DaemonFacts, DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, SANDBOX_USER, ContainerRequest
 from code_sandbox.plugins import Profile
-from code_sandbox.sessions import Session, SessionManager, judge_container, require_enforcement, sweep_managed
+from code_sandbox.sessions import Session, SessionManager, require_enforcement
 from code_sandbox.settings import Settings
+from code_sandbox.sweep import judge_container, sweep_managed
 from code_sandbox_cli.main import app
 from typer.testing import CliRunner
 

@@ -17,12 +17,13 @@ import typer
 from code_sandbox.doctor import Finding, run_doctor
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
-from code_sandbox.hardening import LABEL_PROFILE
+from code_sandbox.hardening import LABEL_PROFILE, LABEL_SESSION
 from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.local_run import run_local
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
-from code_sandbox.sessions import LABEL_SESSION, SessionManager, survey_managed
+from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings, load_settings
+from code_sandbox.sweep import survey_managed
 
 app = typer.Typer(
     name="code-sandbox",

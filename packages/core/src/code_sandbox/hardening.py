@@ -27,6 +27,7 @@ LABEL_MANAGED = LABEL_PREFIX + "managed"
 LABEL_OWNER = LABEL_PREFIX + "owner"
 LABEL_PROFILE = LABEL_PREFIX + "profile"
 LABEL_EXPIRES_AT = LABEL_PREFIX + "expires-at"
+LABEL_SESSION = LABEL_PREFIX + "session"  # the session's hash, or "pool" for a warm container
 
 ENVIRONMENT: Mapping[str, str] = {
     "PATH": "/usr/local/bin",

@@ -55,8 +55,9 @@ from code_sandbox.schemas import (
     WriteFilesOutput,
     run_input_models,
 )
-from code_sandbox.sessions import SessionManager, session_hash, sweep_managed
+from code_sandbox.sessions import SessionManager, session_hash
 from code_sandbox.settings import Settings
+from code_sandbox.sweep import sweep_managed
 from code_sandbox.workspace import delete_files, list_files, read_file, write_files
 
 logger = logging.getLogger(__name__)
