@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -170,26 +170,8 @@ async def test_a_run_near_the_end_of_the_lifetime_times_out_instead_of_failing(
     assert result.timed_out is True and result.duration_ms < 4000
 
 
-class _GarbledAnswer:
-    """Wraps the real engine; the runner's answer loses a field (user code shares the runner's uid)."""
-
-    def __init__(self, engine: DockerEngine) -> None:
-        self._engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def exec(self, container_id: str, argv: list[str], **kwargs: Any) -> ExecResult:
-        result = self._engine.exec(container_id, argv, **kwargs)
-        if argv[1].endswith("runner.mjs") and argv[2] != "--kill-all":
-            answer = json.loads(result.stdout)
-            del answer["stdout_b64"]
-            return ExecResult(result.exit_code, json.dumps(answer).encode() + b"\n", result.stderr)
-        return result
-
-
 async def test_a_garbled_runner_answer_destroys_the_session(manager: SessionManager, session: Session) -> None:
-    manager.engine = _GarbledAnswer(manager.engine)  # type: ignore[assignment]
+    manager.engine = _EditedRunnerAnswer(manager.engine, lambda answer: answer.pop("stdout_b64"))  # type: ignore[assignment]
     with pytest.raises(SandboxError) as caught:
         await run(manager, session, "console.log(1)")
     assert caught.value.code == ErrorCode.INTERNAL_ERROR
@@ -282,11 +264,13 @@ async def test_a_runner_that_stops_answering_is_caught_by_the_host_deadline(
     assert manager.engine.container_facts(session.container_id) is None
 
 
-class _CleanupFails:
-    """Wraps the real engine; the runner's answer says cleanup failed (no real program can force that)."""
+class _EditedRunnerAnswer:
+    """Wraps the real engine and edits the runner's answer: faults no real program can force (cleanup failing)
+    or that user code sharing the runner's uid could cause (a garbled answer)."""
 
-    def __init__(self, engine: DockerEngine) -> None:
+    def __init__(self, engine: DockerEngine, edit: Callable[[dict[str, Any]], None]) -> None:
         self._engine = engine
+        self._edit = edit
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -295,13 +279,13 @@ class _CleanupFails:
         result = self._engine.exec(container_id, argv, **kwargs)
         if argv[1].endswith("runner.mjs") and argv[2] != "--kill-all":
             answer = json.loads(result.stdout)
-            answer["cleanup"] = "failed"
+            self._edit(answer)
             return ExecResult(result.exit_code, json.dumps(answer).encode() + b"\n", result.stderr)
         return result
 
 
 async def test_failed_process_cleanup_destroys_the_session(manager: SessionManager, session: Session) -> None:
-    manager.engine = _CleanupFails(manager.engine)  # type: ignore[assignment]
+    manager.engine = _EditedRunnerAnswer(manager.engine, lambda answer: answer.update(cleanup="failed"))  # type: ignore[assignment]
     with pytest.raises(SandboxError) as caught:
         await run(manager, session, "console.log(1)")
     assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED

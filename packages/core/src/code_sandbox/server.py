@@ -127,6 +127,13 @@ def _run_output(result: RunResult) -> RunOutput:
     )
 
 
+def _files_with_counts(params: Any, counts: Counts) -> list[tuple[str, str]]:
+    """The (path, content) pairs of a files argument, counted into the audit record."""
+    files = [(f.path, f.content) for f in params.files]
+    counts.update(files=len(files), bytes=sum(len(content.encode()) for _path, content in files))
+    return files
+
+
 def _run_counts(counts: Counts, result: RunResult) -> None:
     counts.update(
         exit_code=result.exit_code,
@@ -283,8 +290,7 @@ class SandboxServer(MCPServer[None]):
         )
 
     async def _write(self, params: WriteFilesInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
-        files = [(f.path, f.content) for f in params.files]
-        counts.update(files=len(files), bytes=sum(len(content.encode()) for _path, content in files))
+        files = _files_with_counts(params, counts)
         statuses = await write_files(self.manager, params.session_id, files, overwrite=params.overwrite)
         return WriteFilesOutput(
             results=[FileStatus(path=path, status=status) for (path, _c), status in zip(files, statuses, strict=True)]
@@ -315,9 +321,23 @@ class SandboxServer(MCPServer[None]):
         return DestroyOutput(destroyed=await self.manager.destroy(params.session_id))
 
     async def _run(self, params: Any, ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+        return await self._run_in(params.session_id, params, ctx, counts)
+
+    async def _execute(self, params: Any, ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+        session = await self.manager.create()
+        counts["session_hash"] = session.hash
+        try:
+            await write_files(self.manager, session.id, _files_with_counts(params, counts), overwrite=False)
+            return await self._run_in(session.id, params, ctx, counts)
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
+                await self.manager.destroy(session.id)
+
+    async def _run_in(self, session_id: str, params: Any, ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+        """The run shared by the run tool and the one-shot tool."""
         result = await run_entrypoint(
             self.manager,
-            params.session_id,
+            session_id,
             params.entrypoint,
             params.arguments,
             timeout_seconds=params.timeout_seconds,
@@ -325,27 +345,6 @@ class SandboxServer(MCPServer[None]):
         )
         _run_counts(counts, result)
         return _run_output(result)
-
-    async def _execute(self, params: Any, ctx: Context[Any, Any], counts: Counts) -> BaseModel:
-        session = await self.manager.create()
-        counts["session_hash"] = session.hash
-        try:
-            files = [(f.path, f.content) for f in params.files]
-            counts.update(files=len(files), bytes=sum(len(content.encode()) for _path, content in files))
-            await write_files(self.manager, session.id, files, overwrite=False)
-            result = await run_entrypoint(
-                self.manager,
-                session.id,
-                params.entrypoint,
-                params.arguments,
-                timeout_seconds=params.timeout_seconds,
-                progress=self._progress(ctx),
-            )
-            _run_counts(counts, result)
-            return _run_output(result)
-        finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
-                await self.manager.destroy(session.id)
 
     @staticmethod
     def _progress(ctx: Context[Any, Any] | None) -> Callable[[float, int], Any] | None:
