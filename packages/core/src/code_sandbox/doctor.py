@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from code_sandbox.audit import default_audit_path
+from code_sandbox.audit import UnsafeAuditFileError, default_audit_path, open_audit_file
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, SANDBOX_USER, ContainerRequest, Hardening
@@ -186,8 +186,18 @@ def _check_audit_log(findings: list[Finding], settings: Settings | None) -> None
         return
     path = (settings.audit_log if settings else None) or default_audit_path()
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        os.close(open_audit_file(path))
+    except UnsafeAuditFileError:
+        findings.append(
+            Finding(
+                "audit log",
+                False,
+                "the audit log's path is not a regular file owned by this user with mode 0600",
+                "remove what is at the path (a symlink, FIFO, directory or another user's file) or `chmod 600` "
+                "your own file, or set CODE_SANDBOX_AUDIT_LOG to another file",
+            )
+        )
+        return
     except OSError:
         findings.append(
             Finding(
