@@ -19,11 +19,12 @@ from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_PROFILE, LABEL_SESSION
 from code_sandbox.image import build_offline_image, verify_image
+from code_sandbox.liveness import default_state_dir
 from code_sandbox.local_run import run_local
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings, load_settings
-from code_sandbox.sweep import survey_managed
+from code_sandbox.sweep import forget_stopped_servers, survey_managed
 
 app = typer.Typer(
     name="code-sandbox",
@@ -260,17 +261,25 @@ def reap(
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Confirm --all without a prompt.")] = False,
 ) -> None:
-    """List managed sandbox containers and remove the stopped and expired ones (exit 1 if a removal failed)."""
+    """List managed sandbox containers and remove the stopped, expired and orphaned ones (exit 1 if a removal failed).
+
+    OWNER says whether the server that made a container still runs: live, dead (its containers are orphans), or ?
+    (unknown: another machine's or user's server, or one that could not record itself).
+    """
     settings = _settings()
     if all_ and not yes and not dry_run:
         typer.echo("code-sandbox: --all removes live sandboxes too (fix: add --yes to confirm)", err=True)
         raise typer.Exit(2)
+    state_dir = default_state_dir()
     engine = DockerEngine()
     try:
-        verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime)
+        verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime, state_dir=state_dir)
         now = time.time()
-        typer.echo(f"{'SESSION':<16}  {'PROFILE':<20}  {'AGE':>7}  {'EXPIRES IN':>10}  {'STATE':<8}  ACTION")
+        typer.echo(
+            f"{'SESSION':<16}  {'PROFILE':<20}  {'AGE':>7}  {'EXPIRES IN':>10}  {'STATE':<8}  {'OWNER':<5}  ACTION"
+        )
         failures = 0
+        removed: set[str] = set()
         for verdict in verdicts:
             container = verdict.container
             remove = verdict.remove or all_
@@ -278,15 +287,19 @@ def reap(
             if remove and not dry_run:
                 try:
                     engine.remove_container(container.id)
+                    removed.add(container.id)
                 except SandboxError:
                     action, failures = "REMOVAL FAILED", failures + 1
             age = _duration(now - container.created) if container.created is not None else "?"
             expires = _duration(verdict.expires_at - now) if verdict.expires_at is not None else "?"
+            owner = "?" if verdict.owner == "unknown" else verdict.owner
             typer.echo(
                 f"{container.labels.get(LABEL_SESSION, '?')[:16]:<16}  "
                 f"{container.labels.get(LABEL_PROFILE, '?')[:20]:<20}  {age:>7}  {expires:>10}  "
-                f"{container.state[:8]:<8}  {action} ({verdict.reason if not all_ else 'all'})"
+                f"{container.state[:8]:<8}  {owner:<5}  {action} ({verdict.reason if not all_ else 'all'})"
             )
+        if not dry_run:
+            forget_stopped_servers(state_dir, verdicts, removed=removed)
     except SandboxError as error:
         fail(error)
     finally:

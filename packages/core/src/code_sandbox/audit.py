@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
+from code_sandbox.liveness import default_state_dir
+
 logger = logging.getLogger(__name__)
 
 AuditValue = int | bool | str | None
@@ -45,13 +47,8 @@ class UnsafeAuditFileError(OSError):
 
 
 def default_audit_path() -> Path:
-    """``%LOCALAPPDATA%\\code-sandbox\\audit.jsonl`` on Windows, else ``$XDG_STATE_HOME`` or ``~/.local/state``."""
-    if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-    else:
-        state = os.environ.get("XDG_STATE_HOME")
-        base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
-    return base / "code-sandbox" / "audit.jsonl"
+    """``audit.jsonl`` in the state directory (:func:`code_sandbox.liveness.default_state_dir`)."""
+    return default_state_dir() / "audit.jsonl"
 
 
 def open_audit_file(path: Path) -> int:

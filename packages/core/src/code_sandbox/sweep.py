@@ -1,22 +1,32 @@
 """The start-up sweep and `reap`: judging every managed container on the engine, and removing the garbage.
 
-Containers of other servers' live sessions are left alone; stopped and expired ones go.
+Containers of other servers' live sessions are left alone; stopped and expired ones go, and so do the orphans of a
+server whose liveness marker (:mod:`code_sandbox.liveness`) shows that it stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 from code_sandbox.engine import ContainerFacts, DockerEngine
 from code_sandbox.errors import SandboxError
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED
+from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER
+from code_sandbox.liveness import owner_alive as marker_alive
+from code_sandbox.liveness import prune_stopped_servers
 
 logger = logging.getLogger(__name__)
 
 CREATED_GRACE_SECONDS = 60
 """A created, never-started container younger than this may be another server's create or image probe."""
+
+OwnerState = Literal["live", "dead", "unknown"]
+OwnerAlive = Callable[[str], bool | None]
+"""Answers for an owner token: ``True`` its server runs, ``False`` it stopped, ``None`` unknown."""
 
 
 @dataclass(frozen=True)
@@ -27,52 +37,101 @@ class Verdict:
     remove: bool
     reason: str
     expires_at: int | None
+    owner: OwnerState = "unknown"
 
 
-def judge_container(container: ContainerFacts, *, max_lifetime: int, now: float) -> Verdict:
+def _unknown(_owner: str) -> bool | None:
+    return None
+
+
+def judge_container(
+    container: ContainerFacts, *, max_lifetime: int, now: float, owner_alive: OwnerAlive = _unknown
+) -> Verdict:
     """Decide whether a managed container is garbage.
 
-    Stopped -> remove. Past ``expires-at`` -> remove. Running and unexpired -> keep (it may be another client's
-    live session). No valid ``expires-at``: remove only when Docker's creation time is older than the maximum
-    lifetime; keep it when the creation time is unknown.
+    Stopped -> remove. Past ``expires-at`` -> remove. Its server known to have stopped (``owner_alive`` says
+    ``False``) -> remove as an orphan, even while it runs. Running and unexpired otherwise -> keep (it may be another
+    client's live session). No valid ``expires-at``: remove only when Docker's creation time is older than the
+    maximum lifetime; keep it when the creation time is unknown.
     """
     raw = container.labels.get(LABEL_EXPIRES_AT, "")
     expires_at = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 12 else None
+    token = container.labels.get(LABEL_OWNER)
+    alive = owner_alive(token) if token else None
+    owner: OwnerState = "unknown" if alive is None else "live" if alive else "dead"
+
+    def decide(remove: bool, reason: str) -> Verdict:
+        return Verdict(container, remove, reason, expires_at, owner)
+
     young = container.created is not None and now - container.created < CREATED_GRACE_SECONDS
     if container.state == "created" and young:
-        return Verdict(container, False, "being created", expires_at)  # another server may be about to start it
+        if owner == "dead":  # nobody is left to start it
+            return decide(True, "orphan of a stopped server")
+        return decide(False, "being created")  # another server may be about to start it
     if container.state != "running":
-        return Verdict(container, True, "stopped", expires_at)
+        return decide(True, "stopped")
+    if expires_at is not None and expires_at <= now:
+        return decide(True, "expired")
+    if owner == "dead":
+        return decide(True, "orphan of a stopped server")
     if expires_at is not None:
-        if expires_at <= now:
-            return Verdict(container, True, "expired", expires_at)
-        return Verdict(container, False, "live", expires_at)
+        return decide(False, "live")
     if container.created is None:
-        return Verdict(container, False, "no expiry label and unknown creation time; kept for inspection", None)
+        return decide(False, "no expiry label and unknown creation time; kept for inspection")
     if now - container.created > max_lifetime:
-        return Verdict(container, True, "no expiry label and older than the maximum lifetime", None)
-    return Verdict(container, False, "no expiry label, younger than the maximum lifetime", None)
+        return decide(True, "no expiry label and older than the maximum lifetime")
+    return decide(False, "no expiry label, younger than the maximum lifetime")
 
 
-def survey_managed(engine: DockerEngine, *, max_lifetime: int) -> list[Verdict]:
-    """Judge every managed container on this Docker engine."""
+def survey_managed(engine: DockerEngine, *, max_lifetime: int, state_dir: Path | None = None) -> list[Verdict]:
+    """Judge every managed container on this Docker engine.
+
+    :param state_dir: where servers record their liveness (:func:`code_sandbox.liveness.default_state_dir`); ``None``
+        treats every owner as unknown.
+    """
     now = time.time()
-    return [
-        judge_container(container, max_lifetime=max_lifetime, now=now)
-        for container in engine.list_containers(f"{LABEL_MANAGED}=true")
-    ]
+    containers = engine.list_containers(f"{LABEL_MANAGED}=true")  # before the liveness checks, never after
+    owner_alive = _cached_liveness(state_dir) if state_dir is not None else _unknown
+    return [judge_container(c, max_lifetime=max_lifetime, now=now, owner_alive=owner_alive) for c in containers]
 
 
-def sweep_managed(engine: DockerEngine, *, max_lifetime: int) -> tuple[list[Verdict], int]:
-    """Remove the stopped and expired managed containers. Returns the verdicts and the number of failed removals."""
-    verdicts = survey_managed(engine, max_lifetime=max_lifetime)
+def sweep_managed(
+    engine: DockerEngine, *, max_lifetime: int, state_dir: Path | None = None
+) -> tuple[list[Verdict], int]:
+    """Remove the stopped, expired and orphaned managed containers. Returns the verdicts and the failed removals."""
+    verdicts = survey_managed(engine, max_lifetime=max_lifetime, state_dir=state_dir)
     failures = 0
+    removed: set[str] = set()
     for verdict in verdicts:
         if verdict.remove:
             try:
                 engine.remove_container(verdict.container.id)
+                removed.add(verdict.container.id)
             except SandboxError:
                 failures += 1
         elif verdict.expires_at is None:
             logger.warning("kept a managed sandbox container: %s", verdict.reason)
+    if state_dir is not None:
+        forget_stopped_servers(state_dir, verdicts, removed=removed)
     return verdicts, failures
+
+
+def forget_stopped_servers(state_dir: Path, verdicts: Iterable[Verdict], *, removed: Collection[str]) -> None:
+    """Delete the markers of stopped servers none of whose containers remain (``removed``: the IDs that went).
+
+    A marker that still has a container keeps its evidence, so the next sweep retries a failed removal.
+    """
+    remaining = (v.container.labels.get(LABEL_OWNER) for v in verdicts if v.container.id not in removed)
+    prune_stopped_servers(state_dir, keep={owner for owner in remaining if owner})
+
+
+def _cached_liveness(state_dir: Path) -> OwnerAlive:
+    """One liveness check per owner and survey, so all of a server's containers get the same answer."""
+    answers: dict[str, bool | None] = {}
+
+    def alive(owner: str) -> bool | None:
+        if owner not in answers:
+            answers[owner] = marker_alive(state_dir, owner)
+        return answers[owner]
+
+    return alive
