@@ -1,8 +1,14 @@
 // Runner of the code-sandbox image: runs one user command in its own process group with byte caps on stdout
 // and stderr and a timeout, then kills every process the sandbox user has left behind.
-// Usage: node /opt/sandbox/runner.mjs <request-json>   or   node /opt/sandbox/runner.mjs --kill-all
+// Usage: node --disable-sigusr1 /opt/sandbox/runner.mjs <request-json | - | --kill-all | --watchdog-ready | --survey>
 // stdout carries exactly one JSON answer line; stderr carries one JSON progress line per second of the run.
 // Exit 0 for every well-formed answer (refusals included); a nonzero exit is a bug.
+//
+// User code runs under the runner's own uid, so the runner protects itself the way the kernel allows: node is
+// installed unreadable (mode 0711), which makes every process that execs it non-dumpable, so user code cannot open
+// our /proc/<pid>/fd or mem, nor ptrace us; --disable-sigusr1 keeps our inspector shut. The runner refuses to run
+// unless it sees that protection in force. What user code can still do to us (kill or stop us) only ends the run
+// without an answer, which the host treats as a failure and destroys the sandbox.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -21,6 +27,7 @@ const MESSAGES = {
   INVALID_REQUEST: 'the run request is malformed',
   SPAWN_FAILED: 'the command could not be started',
   RUNNING_AS_ROOT: 'the runner refuses to run as root',
+  NOT_SEALED: 'the runner refuses to run while other processes of its uid could read its memory',
   INTERNAL_ERROR: 'the runner failed',
 };
 const refusal = (code) => ({ ok: false, code, message: MESSAGES[code] });
@@ -241,6 +248,44 @@ async function run(req) {
   };
 }
 
+// Whether this process is non-dumpable: the kernel then makes its /proc/<pid>/fd directory root's, and only such a
+// process is out of reach of user code under the same uid.
+function sealed() {
+  try {
+    return fs.statSync(`/proc/${process.pid}/fd`).uid === 0;
+  } catch {
+    return false;
+  }
+}
+
+// Live processes of every unprivileged uid but ours (we run as the supervisor here, which user code cannot signal
+// or read): after a run, any such process outlived it.
+function survey() {
+  const own = process.getuid();
+  let alive = 0;
+  for (const name of fs.readdirSync('/proc')) {
+    if (!/^[0-9]+$/.test(name)) continue;
+    let status;
+    try {
+      status = fs.readFileSync(`/proc/${name}/status`, 'latin1');
+    } catch {
+      continue; // exited while we scanned
+    }
+    const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]);
+    const state = /^State:\s+(\S)/m.exec(status)?.[1];
+    if (uid !== 0 && uid !== own && state !== 'Z' && state !== 'X') alive += 1;
+  }
+  return alive;
+}
+
+// Waits for the first byte on stdin: true when one came, false when stdin ended (the survey is not wanted).
+async function released() {
+  for await (const chunk of process.stdin) {
+    if (chunk.length > 0) return true;
+  }
+  return false;
+}
+
 // Whether the watchdog (another uid's process, under init) has installed its SIGUSR2 handler: a warm container
 // is claimed with SIGUSR2, whose default action would kill a watchdog that has not finished starting.
 function watchdogReady() {
@@ -260,6 +305,11 @@ async function main() {
   const args = process.argv.slice(2);
   // As root, kill(-1) and the uid scan would reach every process in sight (on a host: the whole machine).
   if (process.getuid() === 0) return refusal('RUNNING_AS_ROOT');
+  if (!sealed()) return refusal('NOT_SEALED');
+  // The survey is started beside a run and waits for one byte on stdin, sent when the run is over.
+  if (args.length === 1 && args[0] === '--survey') {
+    return (await released()) ? { ok: true, alive: survey() } : refusal('INVALID_REQUEST');
+  }
   if (args.length === 1 && args[0] === '--watchdog-ready') return { ok: true, ready: watchdogReady() };
   if (args.length === 1 && args[0] === '--kill-all') {
     const { cleanup, killed } = await killLeftovers();

@@ -18,6 +18,12 @@ CLI = str(Path(sys.executable).parent / "code-sandbox")
 ROOT = Path(__file__).parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Liveness markers of the commands under test go to a directory of the test's own, not the user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+
+
 def cli(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("CODE_SANDBOX_")}
     base["CODE_SANDBOX_AUDIT_ENABLED"] = "false"

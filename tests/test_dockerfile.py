@@ -55,3 +55,4 @@ def test_final_stage_has_the_offline_builds_labels_user_and_paths(profile: Profi
         assert helper_path.startswith("/opt/sandbox/")
         assert f"containers/{Path(helper_path).name}" in copies
     assert "--chmod=0555" in copies
+    assert f"--chown=0:0 --chmod=0711 /usr/local/bin/node {spec.runtime_path}" in copies

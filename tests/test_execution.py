@@ -24,7 +24,7 @@ COUNT_LEFTOVERS = """
 const fs = require('fs');
 const mine = fs.readdirSync('/proc').filter(p => /^\\d+$/.test(p) && +p !== process.pid && +p !== process.ppid)
   .filter(p => { try { const s = fs.readFileSync(`/proc/${p}/status`, 'utf8');
-    return /Uid:\\s+65532/.test(s) && !/State:\\s+Z/.test(s); } catch { return false; } });
+    return +s.match(/Uid:\\s+(\\d+)/)[1] === process.getuid() && !/State:\\s+Z/.test(s); } catch { return false; } });
 console.log(mine.length);
 """
 
@@ -174,7 +174,7 @@ async def test_a_garbled_runner_answer_destroys_the_session(manager: SessionMana
     manager.engine = _EditedRunnerAnswer(manager.engine, lambda answer: answer.pop("stdout_b64"))  # type: ignore[assignment]
     with pytest.raises(SandboxError) as caught:
         await run(manager, session, "console.log(1)")
-    assert caught.value.code == ErrorCode.INTERNAL_ERROR
+    assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
     assert len(manager) == 0
 
 
@@ -277,7 +277,7 @@ class _EditedRunnerAnswer:
 
     def exec(self, container_id: str, argv: list[str], **kwargs: Any) -> ExecResult:
         result = self._engine.exec(container_id, argv, **kwargs)
-        if argv[1].endswith("runner.mjs") and argv[2] != "--kill-all":
+        if any(arg.endswith("runner.mjs") for arg in argv) and argv[-1] == "-":  # a run, not --kill-all or --survey
             answer = json.loads(result.stdout)
             self._edit(answer)
             return ExecResult(result.exit_code, json.dumps(answer).encode() + b"\n", result.stderr)

@@ -15,8 +15,9 @@ import anyio.to_thread
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import ContainerRequest, Hardening
+from code_sandbox.hardening import PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.helpers import call_helper
+from code_sandbox.protocol import InventoryAnswer, Refusal, RunAnswer
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import digest_file, read_file, write_files
@@ -40,7 +41,10 @@ def run_program(manager: SessionManager, session: Session, source: str, *, timeo
     argv = [*manager.profile.helper_argv("runner"), json.dumps(
         {"argv": ["/usr/local/bin/node", "-e", source], "timeout_ms": timeout_ms, "stdout_cap": MiB, "stderr_cap": MiB}
     )]  # fmt: skip
-    return call_helper(manager.engine, session.container_id, argv, timeout=timeout_ms / 1000 + 10)
+    answer = call_helper(
+        manager.engine, session.container_id, argv, user=session.user, answer=RunAnswer, timeout=timeout_ms / 1000 + 10
+    )
+    return answer.model_dump()
 
 
 async def test_a_2_mib_file_round_trips_byte_exactly(manager: SessionManager) -> None:
@@ -79,9 +83,8 @@ async def test_links_and_special_files_made_by_user_code_destroy_the_session(
 class _NoWorkspaceTmpfs(Hardening):
     """Test-only: leave the image's own /workspace visible, so a FIFO baked into the image sits there."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "tmpfs", {"/tmp": self.tmpfs["/tmp"]})
+    def tmpfs(self, uid: int) -> dict[str, str]:
+        return {"/tmp": super().tmpfs(uid)["/tmp"]}
 
 
 def test_a_fifo_in_the_workspace_is_refused_by_the_file_helper(
@@ -110,11 +113,12 @@ def test_a_fifo_in_the_workspace_is_refused_by_the_file_helper(
     )
     container_id = engine.create_container(request)
     try:
-        answer = call_helper(engine, container_id, [*profile.helper_argv("files"), "inventory", "{}"], timeout=30)
+        argv = [*profile.helper_argv("files"), "inventory", "{}"]
+        answer = call_helper(engine, container_id, argv, user=user_of(PROBE_UID), answer=InventoryAnswer, timeout=30)
     finally:
         engine.remove_container(container_id)
         engine.untag_image("code-sandbox-test-fifo:1")
-    assert answer["ok"] is False and answer["code"] == "WORKSPACE_INTEGRITY"
+    assert isinstance(answer, Refusal) and answer.code == "WORKSPACE_INTEGRITY"
 
 
 async def test_a_setsid_grandchild_holding_stdout_is_killed_and_the_run_returns_promptly(
@@ -135,7 +139,7 @@ async def test_a_setsid_grandchild_holding_stdout_is_killed_and_the_run_returns_
     leftovers = await anyio.to_thread.run_sync(
         run_program, manager, session,
         "const fs=require('fs');console.log(fs.readdirSync('/proc').filter(p=>/^\\d+$/.test(p)&&+p!==process.pid"
-        "&&+p!==process.ppid&&fs.statSync('/proc/'+p).uid===65532&&!fs.readFileSync('/proc/'+p+'/status','utf8').includes('State:\\tZ')"
+        f"&&+p!==process.ppid&&fs.statSync('/proc/'+p).uid==={session.uid}&&!fs.readFileSync('/proc/'+p+'/status','utf8').includes('State:\\tZ')"
         "&&+fs.readFileSync('/proc/'+p+'/stat','utf8').split(' ')[3]!==process.ppid).length)",
     )  # fmt: skip
     assert base64.b64decode(leftovers["stdout_b64"]).strip() == b"0"

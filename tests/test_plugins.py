@@ -77,7 +77,7 @@ def test_a_second_profile_is_served_through_the_hooks_alone_when_named() -> None
     assert profile.image_spec().tag == "toy:1"
     # The JavaScript profile's answers do not leak into the toy profile's calls, nor the reverse.
     javascript = select_profile(pm, "javascript-offline")
-    assert javascript.helper_argv("runner") == ["/usr/local/bin/node", "/opt/sandbox/runner.mjs"]
+    assert javascript.helper_argv("runner") == ["/usr/local/bin/node", "--disable-sigusr1", "/opt/sandbox/runner.mjs"]
 
 
 def test_two_profiles_without_a_name_is_a_startup_error() -> None:

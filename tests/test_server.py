@@ -18,7 +18,7 @@ from typing import Any, cast
 import anyio
 import pytest
 from code_sandbox.engine import DockerEngine
-from code_sandbox.hardening import LABEL_MANAGED
+from code_sandbox.hardening import LABEL_MANAGED, LABEL_OWNER
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, TextContent
@@ -33,6 +33,7 @@ SECRET = "S3CR3T-VALUE-7f9a"  # noqa: S105 - a marker that must never be echoed,
 def server_env(tmp_path: Path, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODE_SANDBOX_")}
     env["CODE_SANDBOX_AUDIT_LOG"] = str(tmp_path / "state" / "audit.jsonl")
+    env["XDG_STATE_HOME"] = str(tmp_path / "xdg-state")  # liveness markers: the test's own, not the user's
     env["CODE_SANDBOX_WARM_POOL"] = "0"  # container counts below are exact; the pool has tests of its own
     env.update({f"CODE_SANDBOX_{key.upper()}": value for key, value in settings.items()})
     return env
@@ -257,13 +258,14 @@ async def test_a_cancelled_run_frees_its_sandbox_and_the_server_stays_responsive
         count = [
             {
                 "path": "n.js",
-                "content": "console.log(require('fs').readdirSync('/proc').filter(p=>/^\\d+$/.test(p)).length)",
+                "content": "const fs = require('fs'); console.log(fs.readdirSync('/proc').filter(p => /^\\d+$/.test(p)"
+                " && fs.statSync(`/proc/${p}`).uid === process.getuid()).length)",
             }
         ]
         ok(await client.call_tool("write_files", {"session_id": sid, "files": count}))
         processes = ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "n.js"}))
     assert timings["freed"] < 2 and timings["other"] < 1, timings
-    assert processes["stdout"] == "4\n"  # init, watchdog, runner, this program: the 60 s program is gone
+    assert processes["stdout"] == "2\n"  # of the sandbox's uid, the runner and this program: the 60 s one is gone
 
 
 async def test_progress_notifications_arrive_during_a_long_run(tmp_path: Path) -> None:
@@ -332,6 +334,36 @@ def test_the_server_removes_its_sandboxes_and_exits_0_on_eof_or_sigterm(
         assert proc.wait(timeout=10) == 0
         assert time.monotonic() - started < 10
     assert engine.list_containers(f"{LABEL_MANAGED}=true") == []
+
+
+def test_a_killed_servers_sandbox_is_swept_by_the_next_server_and_a_live_peers_is_kept(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    managed = f"{LABEL_MANAGED}=true"
+    with _spawn_server(tmp_path) as live, _spawn_server(tmp_path) as doomed:
+        _initialize_and_create(live)
+        kept = {c.id for c in engine.list_containers(managed)}
+        _initialize_and_create(doomed)
+        orphan = {c.id for c in engine.list_containers(managed)} - kept
+        assert len(kept) == 1 and len(orphan) == 1
+        owners = {c.labels[LABEL_OWNER] for c in engine.list_containers(managed)}
+        assert len(owners) == 2  # each server labels its containers with its own liveness marker's token
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait(timeout=10)
+        # The orphan is running and far from its expiry: only the dead marker says it is garbage.
+        with _spawn_server(tmp_path) as next_server:
+            assert next_server.stdin is not None
+            deadline = time.monotonic() + 20
+            while engine.container_facts(next(iter(orphan))) is not None:
+                assert time.monotonic() < deadline, "the next server's sweep left the orphan"
+                time.sleep(0.1)
+            assert {c.id for c in engine.list_containers(managed)} == kept
+            next_server.stdin.close()
+            assert next_server.wait(timeout=10) == 0
+        assert live.stdin is not None
+        live.stdin.close()
+        assert live.wait(timeout=10) == 0
+    assert engine.list_containers(managed) == []
 
 
 async def test_an_unreachable_daemon_at_start_gives_container_unavailable_not_a_crash(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ from typing import Any
 
 import anyio
 import pytest
+from code_sandbox import sessions
 from code_sandbox.engine import ContainerFacts, DaemonFacts, DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, SANDBOX_USER, ContainerRequest
+from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_UID, SANDBOX_UIDS, ContainerRequest
 from code_sandbox.plugins import Profile
 from code_sandbox.sessions import Session, SessionManager, require_enforcement
 from code_sandbox.settings import Settings
@@ -42,7 +43,7 @@ def manager(engine: DockerEngine, profile: Profile, settings: Settings, image_id
 
 def _node(engine: DockerEngine, session: Session, script: str, timeout: float = 30) -> bytes:
     argv = ["/usr/local/bin/node", "-e", script]
-    result = engine.exec(session.container_id, argv, user=SANDBOX_USER, timeout=timeout, max_stdout=MiB)
+    result = engine.exec(session.container_id, argv, user=session.user, timeout=timeout, max_stdout=MiB)
     assert result.exit_code == 0, result.stderr
     return result.stdout
 
@@ -53,6 +54,8 @@ async def test_container_settings_match_the_hardening_snapshot(
     session = await manager.create()
     inspect = engine.inspect_container_raw(session.container_id)
     host: dict[str, Any] = inspect["HostConfig"]
+    uid = session.uid
+    assert uid in SANDBOX_UIDS and inspect["Config"]["Labels"][LABEL_UID] == str(uid)
     config: dict[str, Any] = inspect["Config"]
     expected_host: dict[str, object] = {
         "NetworkMode": "none",
@@ -67,8 +70,8 @@ async def test_container_settings_match_the_hardening_snapshot(
         "Init": True,
         "Ulimits": [{"Name": "core", "Hard": 0, "Soft": 0}, {"Name": "nofile", "Hard": 1024, "Soft": 1024}],
         "Tmpfs": {
-            "/workspace": f"rw,noexec,nosuid,nodev,size={64 * MiB},mode=0700,uid=65532,gid=65532",
-            "/tmp": f"rw,noexec,nosuid,nodev,size={64 * MiB},mode=0700,uid=65532,gid=65532",
+            "/workspace": f"rw,noexec,nosuid,nodev,size={64 * MiB},nr_inodes=8192,mode=0700,uid={uid},gid={uid}",
+            "/tmp": f"rw,noexec,nosuid,nodev,size={64 * MiB},nr_inodes=8192,mode=0700,uid={uid},gid={uid}",
         },
         "LogConfig": {"Type": "none", "Config": {}},
         "AutoRemove": True,
@@ -94,12 +97,13 @@ async def test_container_settings_match_the_hardening_snapshot(
     assert not config.get("ExposedPorts")
     assert not config.get("Volumes")
     assert sorted(config["Env"]) == ["HOME=/workspace", "LANG=C.UTF-8", "PATH=/usr/local/bin", "TMPDIR=/tmp"]
-    assert config["Cmd"] == ["/usr/local/bin/node", "/opt/sandbox/watchdog.mjs", "62"]
+    assert config["Cmd"] == ["/usr/local/bin/node", "--disable-sigusr1", "/opt/sandbox/watchdog.mjs", "62"]
     labels = config["Labels"]
     assert labels["io.code-sandbox.managed"] == "true"
     assert labels["io.code-sandbox.profile"] == "javascript-offline"
     assert labels["io.code-sandbox.owner"] == manager.owner
-    assert abs(int(labels[LABEL_EXPIRES_AT]) - (time.time() + 62)) < 5
+    # the lifetime, the watchdog grace and a margin of one engine timeout (the start may lag the label)
+    assert abs(int(labels[LABEL_EXPIRES_AT]) - (time.time() + 62 + engine.timeout)) < 5
     assert session.container_id not in session.id and len(session.id) >= 43
 
 
@@ -132,6 +136,20 @@ async def test_concurrent_creates_never_pass_the_session_cap(manager: SessionMan
             group.start_soon(create)
     assert sorted(outcomes) == ["SESSION_LIMIT_EXCEEDED"] * 4 + ["created"] * 2
     assert len(manager) == 2
+
+
+async def test_a_drawn_uid_that_another_container_carries_is_detected_and_drawn_again(
+    manager: SessionManager, engine: DockerEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken, free = SANDBOX_UIDS[7], SANDBOX_UIDS[8]
+    draws = iter([taken, taken, free])
+    monkeypatch.setattr(sessions, "draw_uid", lambda: next(draws))
+    first = await manager.create()
+    second = await manager.create()
+    assert (first.uid, second.uid) == (taken, free)
+    holders = [c.id for c in engine.list_containers(f"{LABEL_UID}={taken}")]
+    assert holders == [first.container_id]  # the clashing container was removed before it ever started
+    assert _node(engine, second, "console.log(process.getuid())") == f"{free}\n".encode()
 
 
 def test_an_engine_without_seccomp_or_linux_containers_is_refused() -> None:

@@ -6,7 +6,6 @@ import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio.to_thread
 import pytest
@@ -15,6 +14,7 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.helpers import call_helper
 from code_sandbox.paths import validate_path
 from code_sandbox.plugins import Profile
+from code_sandbox.protocol import DigestAnswer, Refusal
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import (
@@ -117,7 +117,7 @@ async def test_binary_content_is_refused_as_binary_file(manager: SessionManager,
         lambda: manager.engine.exec(
             session.container_id,
             ["/usr/local/bin/node", "-e", "require('fs').writeFileSync('/workspace/bin.dat', Buffer.from([0xff, 0]))"],
-            user="65532:65532",
+            user=session.user,
             timeout=30,
             max_stdout=1024,
         )
@@ -187,7 +187,7 @@ async def test_a_symlink_made_by_user_code_destroys_the_session_at_the_next_file
         lambda: manager.engine.exec(
             session.container_id,
             ["/usr/local/bin/node", "-e", "require('fs').symlinkSync('/etc', '/workspace/etc')"],
-            user="65532:65532",
+            user=session.user,
             timeout=30,
             max_stdout=1024,
         )
@@ -210,8 +210,8 @@ candidate = st.lists(name, min_size=1, max_size=4).map("/".join)
 
 def _helper_verdict(engine: DockerEngine, profile: Profile, session: Session, path: str) -> str:
     argv = [*profile.helper_argv("files"), "digest", json.dumps({"path": path})]
-    answer: dict[str, Any] = call_helper(engine, session.container_id, argv, timeout=30)
-    return "ok" if answer["ok"] or answer["code"] == "NOT_FOUND" else str(answer["code"])
+    answer = call_helper(engine, session.container_id, argv, user=session.user, answer=DigestAnswer, timeout=30)
+    return "ok" if not isinstance(answer, Refusal) or answer.code == "NOT_FOUND" else answer.code
 
 
 async def test_every_path_the_host_accepts_is_created_exactly_there_by_the_helper(

@@ -148,3 +148,14 @@ console.log(JSON.stringify(out));
     host_config = arena.manager.engine.inspect_container_raw(arena.victim.container_id)["HostConfig"]
     assert host_config["LogConfig"]["Type"] == "none"  # the daemon keeps no log to reach
     await arena.assert_bystander_unaffected()
+
+
+async def test_millions_of_empty_files_stop_at_the_tmpfs_inode_limit(arena: Arena) -> None:
+    source = """
+const fs = require('fs'); let made = 0; let code = 'none';
+for (; made < 100000; made++) { try { fs.writeFileSync(`/tmp/f${made}`, ''); } catch (e) { code = e.code; break; } }
+console.log(JSON.stringify({ made, code }));
+"""
+    outcome = json.loads((await arena.attack(source, timeout=60)).stdout)
+    assert outcome["code"] == "ENOSPC" and 8000 <= outcome["made"] < 8192, outcome
+    await arena.assert_bystander_unaffected()

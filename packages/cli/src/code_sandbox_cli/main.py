@@ -19,7 +19,7 @@ from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_PROFILE, LABEL_SESSION
 from code_sandbox.image import build_offline_image, verify_image
-from code_sandbox.liveness import default_state_dir
+from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.local_run import run_local
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
 from code_sandbox.sessions import SessionManager
@@ -136,7 +136,8 @@ async def _run_local(
     timeout_seconds: int | None,
 ) -> int:
     engine = DockerEngine()
-    manager = SessionManager(engine, profile, replace(settings, warm_pool=0))
+    marker = ServerMarker.acquire(default_state_dir())
+    manager = SessionManager(engine, profile, replace(settings, warm_pool=0), owner=marker.owner)
     printed = {"stdout": 0, "stderr": 0}
     sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
 
@@ -152,6 +153,7 @@ async def _run_local(
     finally:
         await manager.shutdown()
         engine.close()
+        marker.release(leave_marker=len(manager) > 0)
     # Whatever did not stream (a client that fell behind) comes from the result.
     await show("stdout", result.stdout_raw[printed["stdout"] :])
     await show("stderr", result.stderr_raw[printed["stderr"] :])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from code_sandbox.audit import UnsafeAuditFileError, default_audit_path, open_audit_file
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, SANDBOX_USER, ContainerRequest, Hardening
+from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.image import verify_image
 from code_sandbox.plugins import Profile
 from code_sandbox.settings import Settings, load_settings
@@ -122,7 +122,7 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
         return
     try:
         result = engine.exec(
-            container_id, ["/usr/local/bin/node", "-e", _PROBE], user=SANDBOX_USER, timeout=30, max_stdout=65536
+            container_id, ["/usr/local/bin/node", "-e", _PROBE], user=user_of(PROBE_UID), timeout=30, max_stdout=65536
         )
         seen = json.loads(result.stdout)
     except (SandboxError, ValueError):

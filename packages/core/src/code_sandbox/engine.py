@@ -105,7 +105,7 @@ def build_create_arguments(request: ContainerRequest, *, start: bool) -> tuple[d
             Ulimit(name="core", soft=0, hard=0),
             Ulimit(name="nofile", soft=hardening.nofile, hard=hardening.nofile),
         ],
-        "tmpfs": dict(hardening.tmpfs),
+        "tmpfs": hardening.tmpfs(request.uid),
         "log_config": LogConfig(type="none"),
         "auto_remove": start,
         "privileged": False,
@@ -154,7 +154,8 @@ class DockerEngine:
     """A lazily connected Docker client. Safe to share between threads (requests pools connections)."""
 
     def __init__(self, *, timeout: int = 60) -> None:
-        self._timeout = timeout
+        self.timeout = timeout
+        """Seconds one API call may take; a container may start this long after its create call began."""
         # Any, not docker.APIClient: the SDK's stubs leave many returns unknown, which strict pyright rejects
         # everywhere they flow. This module casts each answer to the shape it reads instead.
         self._api: Any = None
@@ -165,7 +166,7 @@ class DockerEngine:
         with self._lock:
             if self._api is None:
                 try:
-                    client = docker.from_env(timeout=self._timeout)
+                    client = docker.from_env(timeout=self.timeout)
                 except (docker.errors.DockerException, *_TRANSPORT_ERRORS):
                     raise unavailable() from None
                 self._api = client.api
@@ -265,8 +266,14 @@ class DockerEngine:
 
     # -- containers ---------------------------------------------------------------------------------------------
 
-    def create_container(self, request: ContainerRequest, *, start: bool = True) -> str:
-        """Create (and by default start) a hardened container; on any failure nothing is left behind."""
+    def create_container(
+        self, request: ContainerRequest, *, start: bool = True, before_start: Callable[[str], None] | None = None
+    ) -> str:
+        """Create (and by default start) a hardened container; on any failure nothing is left behind.
+
+        ``before_start`` is called with the new container's ID between create and start; if it raises, the
+        container is removed and the error propagates (the uid collision check uses it).
+        """
         api = self.api()
         container_id: str | None = None
         create_kwargs, host_kwargs = build_create_arguments(request, start=start)
@@ -275,7 +282,10 @@ class DockerEngine:
                 host_config = api.create_host_config(**host_kwargs)
                 created = cast(dict[str, Any], api.create_container(**create_kwargs, host_config=host_config))
                 container_id = str(created["Id"])
-                if start:
+            if before_start is not None:
+                before_start(container_id)
+            if start:
+                with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
                     api.start(container_id)
             return container_id
         except BaseException:

@@ -11,11 +11,16 @@ from dataclasses import dataclass, field
 
 MiB = 1024 * 1024
 
-SANDBOX_UID = 65532
-"""Runs user code and every exec that touches user content; owns ``/workspace`` and ``/tmp``."""
+SANDBOX_UIDS = range(0x7000_0000, 0x7000_0000 + 2**20)
+"""Each sandbox runs user code and its helpers under its own uid (and gid) from this range, which owns its
+``/workspace`` and ``/tmp``. There is no user namespace, so these are host uids: per-uid kernel limits (inotify
+instances, pipe buffers) belong to one sandbox alone. The range (1879048192 to 1880096767) lies above the uids that
+systemd assigns to users, dynamic users and nspawn containers (up to 0x6FFFFFFF) and below 2^31, where tools that
+read uid_t as signed fail. Other software must not run processes with these uids."""
+PROBE_UID = SANDBOX_UIDS.start - 1
+"""Runs ``verify-image``'s and ``doctor``'s probe commands: unprivileged, outside every sandbox's range."""
 SUPERVISOR_UID = 65533
-"""Runs the container's main process (the watchdog), so user code cannot signal it."""
-SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
+"""Runs the container's main process (the watchdog) in every sandbox, so user code cannot signal it."""
 SUPERVISOR_USER = f"{SUPERVISOR_UID}:{SUPERVISOR_UID}"
 
 WORKSPACE_DIR = "/workspace"
@@ -28,6 +33,7 @@ LABEL_OWNER = LABEL_PREFIX + "owner"
 LABEL_PROFILE = LABEL_PREFIX + "profile"
 LABEL_EXPIRES_AT = LABEL_PREFIX + "expires-at"
 LABEL_SESSION = LABEL_PREFIX + "session"  # the session's hash, or "pool" for a warm container
+LABEL_UID = LABEL_PREFIX + "uid"  # the sandbox uid; no two live containers on one engine may share it
 
 ENVIRONMENT: Mapping[str, str] = {
     "PATH": "/usr/local/bin",
@@ -38,8 +44,14 @@ ENVIRONMENT: Mapping[str, str] = {
 """The fixed environment of the container and of every exec; nothing comes from the host."""
 
 
-def _tmpfs_options(size_bytes: int) -> str:
-    return f"rw,noexec,nosuid,nodev,size={size_bytes},mode=0700,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+def user_of(uid: int) -> str:
+    """The ``uid:gid`` string Docker takes for a sandbox uid (the gid is always the same number)."""
+    return f"{uid}:{uid}"
+
+
+def _tmpfs_options(size_bytes: int, inodes: int, uid: int) -> str:
+    # nr_inodes: millions of empty files would otherwise cost kernel memory that no byte limit counts.
+    return f"rw,noexec,nosuid,nodev,size={size_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={uid}"
 
 
 @dataclass(frozen=True)
@@ -52,14 +64,14 @@ class Hardening:
     nofile: int = 1024
     workspace_bytes: int = 64 * MiB
     scratch_bytes: int = 64 * MiB
-    tmpfs: Mapping[str, str] = field(init=False)
+    inodes: int = 8192
 
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self,
-            "tmpfs",
-            {WORKSPACE_DIR: _tmpfs_options(self.workspace_bytes), SCRATCH_DIR: _tmpfs_options(self.scratch_bytes)},
-        )
+    def tmpfs(self, uid: int) -> dict[str, str]:
+        """The two tmpfs mounts, owned by the sandbox uid."""
+        return {
+            WORKSPACE_DIR: _tmpfs_options(self.workspace_bytes, self.inodes, uid),
+            SCRATCH_DIR: _tmpfs_options(self.scratch_bytes, self.inodes, uid),
+        }
 
     def security_opt(self, *, apparmor: bool) -> list[str]:
         # Docker's default seccomp profile applies because we never name one; "unconfined" is never set.
@@ -77,4 +89,6 @@ class ContainerRequest:
     command: list[str]
     labels: Mapping[str, str]
     apparmor: bool
+    uid: int = PROBE_UID
+    """The uid that owns the tmpfs mounts and runs every exec that touches them."""
     hardening: Hardening = field(default_factory=Hardening)

@@ -1,7 +1,7 @@
 """Calling the in-container helpers: one exec, one JSON answer, fail closed on anything unexpected.
 
-Helpers answer with exactly one JSON line on stdout and exit 0 (also for refusals). Any other outcome (a crash,
-no answer, an out-of-protocol answer, a broken stream) means the sandbox can no longer be trusted.
+Helpers answer with exactly one JSON line on stdout and exit 0 (also for refusals). Any other outcome (a crash, a
+nonzero exit, no answer, an out-of-protocol answer, a broken stream) means the sandbox can no longer be trusted.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import itertools
 import json
 import struct
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import SANDBOX_USER
+from code_sandbox.protocol import M, Refusal, parse_answer
 
 MiB = 1024 * 1024
 
@@ -41,16 +41,21 @@ def call_helper(
     container_id: str,
     argv: list[str],
     *,
+    user: str,
+    answer: type[M],
     request: Mapping[str, Any] | None = None,
     stdin: Iterable[bytes] | None = None,
     timeout: float,
     max_answer: int = 16 * MiB,
     max_stderr: int = MiB,
     on_stderr: Callable[[bytes], None] | None = None,
-) -> dict[str, Any]:
-    """Run one helper exec as the sandbox user and return its parsed answer.
+) -> M | Refusal:
+    """Run one helper exec as ``user`` and return its answer, parsed strictly as ``answer`` or a refusal.
 
-    :raises HelperCrash: the helper crashed, answered out of protocol, or the stream broke.
+    The helper must write exactly one line and exit 0. ``on_stderr`` may raise to reject what it reads: like any
+    other exception while reading or parsing, that is a crash.
+
+    :raises HelperCrash: the helper crashed, exited nonzero, answered out of protocol, or the stream broke.
     :raises SandboxError: ``TIMEOUT`` or ``CONTAINER_UNAVAILABLE`` from the engine.
     """
     if request is not None:
@@ -60,27 +65,20 @@ def call_helper(
         result = engine.exec(
             container_id,
             argv,
-            user=SANDBOX_USER,
+            user=user,
             stdin=stdin,
             timeout=timeout,
             max_stdout=max_answer,
             max_stderr=max_stderr,
             on_stderr=on_stderr,
-            # The answer alone decides: a helper exits 0 right after its one line, and a crash cannot produce a
-            # valid line. Skipping exec_inspect saves a Docker round trip on every call.
-            exit_code=False,
         )
+        lines = result.stdout.split(b"\n")
+        if result.exit_code != 0 or len(lines) != 2 or lines[1] != b"":
+            raise HelperCrash()
+        return parse_answer(lines[0], answer)
     except SandboxError as error:
-        if error.code == ErrorCode.TRANSFER_FAILED:
-            raise HelperCrash("the transfer to the sandbox broke off") from None
-        raise
-    lines = result.stdout.splitlines()
-    if len(lines) != 1 or not result.stdout.endswith(b"\n"):
-        raise HelperCrash()
-    try:
-        answer = json.loads(lines[0])
-    except ValueError:
+        if error.code in (ErrorCode.TIMEOUT, ErrorCode.CONTAINER_UNAVAILABLE):
+            raise
         raise HelperCrash() from None
-    if not isinstance(answer, dict) or not isinstance(cast(dict[str, Any], answer).get("ok"), bool):
-        raise HelperCrash()
-    return cast(dict[str, Any], answer)
+    except Exception:  # anything at all while reading or parsing: the helper cannot be trusted
+        raise HelperCrash() from None

@@ -1,8 +1,9 @@
 """Build the sandbox image offline and verify an image before anything runs on it.
 
 The offline build writes a ``FROM scratch`` context in memory: the profile's runtime binary and the shared
-libraries it needs, ``/etc/passwd`` and ``/etc/group`` with the sandbox and supervisor users, the helpers
-(root-owned, 0555) and empty mount points. Verification checks labels, user, contents and a real run.
+libraries it needs (the binary root-owned and unreadable, mode 0711), ``/etc/passwd`` and ``/etc/group`` with the
+supervisor user, the helpers (root-owned, 0555) and empty mount points. Verification checks labels, user,
+contents and a real run.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
-    SANDBOX_UID,
-    SANDBOX_USER,
+    PROBE_UID,
     SCRATCH_DIR,
     SUPERVISOR_UID,
     SUPERVISOR_USER,
     WORKSPACE_DIR,
     ContainerRequest,
+    user_of,
 )
 from code_sandbox.plugins import Profile
 
@@ -42,10 +43,12 @@ FORBIDDEN_NAMES = frozenset(
 
 _PASSWD = (
     "root:x:0:0:root:/nonexistent:/nonexistent\n"
-    f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{WORKSPACE_DIR}:/nonexistent\n"
     f"supervisor:x:{SUPERVISOR_UID}:{SUPERVISOR_UID}:supervisor:/nonexistent:/nonexistent\n"
 )
-_GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nsupervisor:x:{SUPERVISOR_UID}:\n"
+_GROUP = f"root:x:0:\nsupervisor:x:{SUPERVISOR_UID}:\n"
+RUNTIME_MODE = 0o711
+"""Root-owned and unreadable: the kernel then makes every process that execs the runtime non-dumpable, so code in
+a sandbox cannot open another process's ``/proc/<pid>/fd`` or ``mem``, nor ptrace it, even under its own uid."""
 _DOCKERFILE = (
     f"FROM scratch\nCOPY rootfs/ /\nUSER {SUPERVISOR_USER}\nENV PATH=/usr/local/bin\nWORKDIR {WORKSPACE_DIR}\n"
 )
@@ -95,7 +98,7 @@ def _build_context(
     runtime: bytes, runtime_path: str, libraries: Mapping[str, Path], helpers: Mapping[str, bytes]
 ) -> io.BytesIO:
     buffer = io.BytesIO()
-    files: dict[str, tuple[bytes, int]] = {runtime_path: (runtime, 0o555)}
+    files: dict[str, tuple[bytes, int]] = {runtime_path: (runtime, RUNTIME_MODE)}
     for image_path, host_path in libraries.items():
         files[image_path] = (host_path.read_bytes(), 0o555)
     for image_path, data in helpers.items():
@@ -192,7 +195,8 @@ def _verify_contents(
                 forbidden.add(entry.path)
             if entry.path in expected:
                 helpers[entry.path] = (entry.sha256, entry.mode, entry.uid)
-            runtime_found = runtime_found or (entry.path == runtime_path and entry.kind == "file")
+            if entry.path == runtime_path:
+                runtime_found = entry.kind == "file" and entry.mode == RUNTIME_MODE and entry.uid == 0
     finally:
         with contextlib.suppress(SandboxError):
             engine.remove_container(container_id)
@@ -201,7 +205,7 @@ def _verify_contents(
     )
     bad = sorted(path for path, digest in expected.items() if helpers.get(path) != (digest, 0o555, 0))
     report.add("helpers match containers/", not bad, "all match" if not bad else "differ: " + ", ".join(bad))
-    report.add("runtime present", runtime_found, runtime_path)
+    report.add("runtime sealed", runtime_found, f"{runtime_path} root-owned, mode {RUNTIME_MODE:o}")
 
 
 def _probe_labels() -> dict[str, str]:
@@ -222,7 +226,7 @@ def _verify_run(
         return
     try:
         result = engine.exec(
-            container_id, list(spec.runtime_version_argv), user=SANDBOX_USER, timeout=30, max_stdout=4096
+            container_id, list(spec.runtime_version_argv), user=user_of(PROBE_UID), timeout=30, max_stdout=4096
         )
     except SandboxError as exc:
         report.add("hardened run", False, f"the runtime did not run ({exc.code})")

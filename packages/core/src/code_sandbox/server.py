@@ -35,6 +35,7 @@ from code_sandbox.audit import AuditLog, AuditValue
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.plugins import Profile
 from code_sandbox.schemas import (
     CreateSandboxInput,
@@ -171,6 +172,7 @@ class SandboxServer(MCPServer[None]):
         self.profile = profile
         self.engine = engine or DockerEngine()
         self.manager = SessionManager(self.engine, profile, settings)
+        self.state_dir = default_state_dir()
         self.audit = AuditLog(settings.audit_log, enabled=settings.audit_enabled)
         run_model, execute_model = run_input_models(
             entrypoint_suffixes=info.entrypoint_suffixes,
@@ -201,6 +203,10 @@ class SandboxServer(MCPServer[None]):
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _server: MCPServer[None]) -> AsyncGenerator[None]:
+        # Held until the end: while this lock is held, other servers' sweeps leave our containers alone, and once
+        # the process is gone (however it ended) they may remove what it left.
+        marker = await anyio.to_thread.run_sync(ServerMarker.acquire, self.state_dir)
+        self.manager.owner = marker.owner
         atexit.register(self.manager.remove_all_now)
         try:
             async with anyio.create_task_group() as group:
@@ -215,12 +221,16 @@ class SandboxServer(MCPServer[None]):
                     group.cancel_scope.cancel()
         finally:
             self.audit.close()
-            if not len(self.manager):  # else the exit handler gets one more try at what shutdown could not remove
+            left = len(self.manager)
+            if not left:  # else the exit handler gets one more try at what shutdown could not remove
                 atexit.unregister(self.manager.remove_all_now)
+            marker.release(leave_marker=left > 0)  # a marker left behind reads "dead": its orphans get swept
 
     async def _sweep(self) -> None:
         try:
-            await anyio.to_thread.run_sync(lambda: sweep_managed(self.engine, max_lifetime=self.settings.max_lifetime))
+            await anyio.to_thread.run_sync(
+                lambda: sweep_managed(self.engine, max_lifetime=self.settings.max_lifetime, state_dir=self.state_dir)
+            )
         except SandboxError as error:
             logger.warning("start-up sweep skipped: %s", error.message)
 

@@ -28,11 +28,15 @@ from code_sandbox.hardening import (
     LABEL_OWNER,
     LABEL_PROFILE,
     LABEL_SESSION,
+    LABEL_UID,
+    SANDBOX_UIDS,
     ContainerRequest,
+    user_of,
 )
 from code_sandbox.helpers import call_helper
 from code_sandbox.image import verify_image
 from code_sandbox.plugins import Profile
+from code_sandbox.protocol import ReadyAnswer
 from code_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -49,6 +53,13 @@ POOL_MARGIN_SECONDS = 10
 POOL_RETRY_SECONDS = 5.0
 POOL_READY_SECONDS = 10.0
 LOST_CONTAINER_GRACE_SECONDS = 1.0
+UID_ATTEMPTS = 5
+"""A uid already labelled on another live container is given up and another one drawn, this many times."""
+
+
+def draw_uid() -> int:
+    """A sandbox uid drawn at random from the range; collisions are caught by the label check, not avoided here."""
+    return SANDBOX_UIDS[secrets.randbelow(len(SANDBOX_UIDS))]
 
 
 def session_hash(session_id: str) -> str:
@@ -61,6 +72,7 @@ class _Pooled:
     """A warm container, started and unclaimed."""
 
     container_id: str
+    uid: int
     usable_until: float  # monotonic; after it the container is about to die by itself
 
 
@@ -73,6 +85,7 @@ class Session:
     expires_at: float  # epoch seconds, the host-side hard deadline
     deadline: float  # the same instant on the monotonic clock
     last_used: float  # monotonic
+    uid: int = 0  # the sandbox's own uid: user code and its helpers run as it
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     state: Literal["active", "destroying"] = "active"
 
@@ -80,15 +93,21 @@ class Session:
     def hash(self) -> str:
         return session_hash(self.id)
 
+    @property
+    def user(self) -> str:
+        """The ``uid:gid`` that every exec touching user content runs as."""
+        return user_of(self.uid)
+
 
 class SessionManager:
     """Owns every session of this server process."""
 
-    def __init__(self, engine: DockerEngine, profile: Profile, settings: Settings) -> None:
+    def __init__(self, engine: DockerEngine, profile: Profile, settings: Settings, *, owner: str | None = None) -> None:
         self.engine = engine
         self.profile = profile
         self.settings = settings
-        self.owner = secrets.token_hex(8)  # this server instance; labels its containers
+        self.owner = owner or secrets.token_hex(8)
+        """This server process (its liveness marker's token, :mod:`code_sandbox.liveness`); labels its containers."""
         self._sessions: dict[str, Session] = {}
         self._verified_image: str | None = None
         self._image_lock = anyio.Lock()
@@ -145,14 +164,15 @@ class SessionManager:
         lifetime = self.settings.max_lifetime
         try:
             # Shielded: a cancellation must not lose the ID of a container that was created (or claimed) anyway.
-            container_id = ""
+            container_id, uid = "", 0
             with anyio.CancelScope(shield=True):
-                container_id = await self._claim_pooled() or await self._create_container(session_hash(session_id))
+                claimed = await self._claim_pooled() or await self._create_container(session_hash(session_id))
+                container_id, uid = claimed
         except BaseException:
             self._sessions.pop(session_id, None)
             raise
         now_wall, now = time.time(), time.monotonic()
-        session = Session(session_id, container_id, now_wall + lifetime, now + lifetime, now)
+        session = Session(session_id, container_id, now_wall + lifetime, now + lifetime, now, uid)
         self._sessions[session_id] = session
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()
@@ -163,40 +183,65 @@ class SessionManager:
         logger.info("session %s created", session.hash)
         return session
 
-    async def _create_container(self, label_session: str, *, pool_seconds: int | None = None) -> str:
+    async def _create_container(self, label_session: str, *, pool_seconds: int | None = None) -> tuple[str, int]:
         """Create and start a hardened container whose watchdog enforces the session's hard lifetime.
 
         With ``pool_seconds`` the container waits in the warm pool: it dies by itself after that long unless a
-        claim moves its deadline to a full session lifetime from the moment of the claim.
+        claim moves its deadline to a full session lifetime from the moment of the claim. Returns the container
+        ID and the sandbox uid it was given.
         """
         image_id = await self._verified_image_id()
         daemon = await self._run(self.engine.daemon_facts)
         require_enforcement(daemon)
         session_seconds = self.settings.max_lifetime + WATCHDOG_GRACE_SECONDS
         watchdog = [*self.profile.helper_argv("watchdog")]
+        # The label is written before the create call, and the container may start as late as the engine's
+        # timeout after it: the margin keeps another server's sweep from taking a live session for expired.
+        latest_end = int(time.time()) + session_seconds + self.engine.timeout
         if pool_seconds is None:
             watchdog.append(str(session_seconds))
-            latest_end = int(time.time()) + session_seconds
         else:
             watchdog += [str(pool_seconds), str(session_seconds)]
-            latest_end = int(time.time()) + pool_seconds + session_seconds  # claimed at the last moment
-        request = ContainerRequest(
-            image_id=image_id,
-            command=watchdog,
-            labels={
-                LABEL_MANAGED: "true",
-                LABEL_OWNER: self.owner,
-                LABEL_PROFILE: self.profile.name,
-                LABEL_EXPIRES_AT: str(latest_end),
-                LABEL_SESSION: label_session,
-            },
-            apparmor=daemon.apparmor,
-        )
-        return await self._run(self.engine.create_container, request)
+            latest_end += pool_seconds  # claimed at the last moment
+        for _attempt in range(UID_ATTEMPTS):
+            uid = draw_uid()
+            request = ContainerRequest(
+                image_id=image_id,
+                command=watchdog,
+                labels={
+                    LABEL_MANAGED: "true",
+                    LABEL_OWNER: self.owner,
+                    LABEL_PROFILE: self.profile.name,
+                    LABEL_EXPIRES_AT: str(latest_end),
+                    LABEL_SESSION: label_session,
+                    LABEL_UID: str(uid),
+                },
+                apparmor=daemon.apparmor,
+                uid=uid,
+            )
+            try:
+                container_id = await self._run(
+                    partial(self.engine.create_container, request, before_start=partial(self._refuse_shared_uid, uid))
+                )
+            except _UidTaken:
+                logger.info("a drawn sandbox uid was in use on this engine; drawing another")
+                continue
+            return container_id, uid
+        raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "no free sandbox uid could be found on this engine")
+
+    def _refuse_shared_uid(self, uid: int, container_id: str) -> None:
+        """Called between create and start: fail if any other container on the engine is labelled with ``uid``.
+
+        Two servers that draw the same uid at once both create before they check, so at least one of them sees
+        the other and draws again: a shared uid is detected, never started.
+        """
+        holders = self.engine.list_containers(f"{LABEL_UID}={uid}")
+        if any(holder.id != container_id for holder in holders):
+            raise _UidTaken
 
     # -- warm pool ----------------------------------------------------------------------------------------------
 
-    async def _claim_pooled(self) -> str | None:
+    async def _claim_pooled(self) -> tuple[str, int] | None:
         """Hand out a warm container, at most once: its watchdog switches to the session's lifetime from now."""
         while self._pool:
             pooled = self._pool.pop(0)
@@ -209,7 +254,7 @@ class SessionManager:
             except SandboxError:
                 await self._discard(pooled.container_id)
                 continue
-            return pooled.container_id
+            return pooled.container_id, pooled.uid
         return None
 
     async def run_pool(self) -> None:
@@ -234,12 +279,12 @@ class SessionManager:
 
     async def _add_warm_container(self, pool_seconds: int) -> None:
         # Known from the moment it exists, so that a shutdown drains it even while it is still getting ready.
-        container_id = ""
+        container_id, uid = "", 0
         with anyio.CancelScope(shield=True):
-            container_id = await self._create_container("pool", pool_seconds=pool_seconds)
+            container_id, uid = await self._create_container("pool", pool_seconds=pool_seconds)
             self._warming.add(container_id)
         try:
-            ready = await self._watchdog_ready(container_id)
+            ready = await self._watchdog_ready(container_id, uid)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._discard(container_id)
@@ -251,19 +296,20 @@ class SessionManager:
             if not ready:
                 raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "a warm container did not get ready")
             return
-        self._pool.append(_Pooled(container_id, time.monotonic() + pool_seconds - POOL_MARGIN_SECONDS))
+        self._pool.append(_Pooled(container_id, uid, time.monotonic() + pool_seconds - POOL_MARGIN_SECONDS))
         self._pool_changed.set()
 
-    async def _watchdog_ready(self, container_id: str) -> bool:
+    async def _watchdog_ready(self, container_id: str, uid: int) -> bool:
         """Wait until the watchdog can take its claim signal; claimed any sooner, it would die of it."""
         argv = [*self.profile.helper_argv("runner"), "--watchdog-ready"]
+        ask = partial(call_helper, self.engine, container_id, argv, user=user_of(uid), answer=ReadyAnswer, timeout=5)
         with anyio.move_on_after(POOL_READY_SECONDS):
             while True:
                 try:
-                    answer = await self._run(lambda: call_helper(self.engine, container_id, argv, timeout=5))
+                    answer = await self._run(ask)
                 except SandboxError:
                     return False
-                if answer.get("ready") is True:
+                if isinstance(answer, ReadyAnswer) and answer.ready:
                     return True
                 await anyio.sleep(0.02)
         return False
@@ -405,6 +451,10 @@ class SessionManager:
 
     async def _run(self, function: Callable[..., _T], *args: object, abandon: bool = False) -> _T:
         return await anyio.to_thread.run_sync(function, *args, abandon_on_cancel=abandon)
+
+
+class _UidTaken(Exception):
+    """The drawn sandbox uid is labelled on another container of this engine."""
 
 
 def require_enforcement(daemon: DaemonFacts) -> None:

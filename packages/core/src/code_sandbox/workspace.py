@@ -12,13 +12,14 @@ import json
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import anyio.to_thread
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.helpers import HelperCrash, call_helper
 from code_sandbox.paths import validate_path
+from code_sandbox.protocol import DeleteAnswer, DigestAnswer, ListAnswer, M, ReadAnswer, Refusal, WriteAnswer
 from code_sandbox.sessions import Session, SessionManager
 
 MiB = 1024 * 1024
@@ -116,11 +117,8 @@ async def write_files(
         "max_entries": MAX_ENTRIES,
         "max_total_bytes": MAX_WORKSPACE_BYTES,
     }
-    answer = await _call(manager, session_id, "write", request, stdin=encode_write_stream(encoded))
-    results: object = answer.get("results")
-    if not isinstance(results, list) or len(cast(list[object], results)) != len(encoded):
-        raise SandboxError(ErrorCode.INTERNAL_ERROR, "the file helper answered out of protocol")
-    return cast(list[WriteStatus], results)
+    answer = await _call(manager, session_id, "write", WriteAnswer, request, stdin=encode_write_stream(encoded))
+    return list(answer.results)
 
 
 async def list_files(
@@ -135,62 +133,64 @@ async def list_files(
         "max_depth": max_depth,
         "max_entries": MAX_LIST_ENTRIES,
     }
-    answer = await _call(manager, session_id, "list", request)
-    rows = cast(list[dict[str, Any]], answer.get("entries") or [])
-    entries = [ListEntry(str(row["path"]), row["type"], int(row["size"])) for row in rows]
-    return entries, bool(answer.get("truncated"))
+    answer = await _call(manager, session_id, "list", ListAnswer, request)
+    return [ListEntry(row.path, row.type, row.size) for row in answer.entries], answer.truncated
 
 
 async def read_file(manager: SessionManager, session_id: str, path: str, *, max_bytes: int) -> ReadResult:
     """Read a UTF-8 text file, at most ``max_bytes`` bytes, never cutting a character."""
     if not 1 <= max_bytes <= MAX_FILE_BYTES:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"max_bytes must be from 1 to {MAX_FILE_BYTES}")
-    answer = await _call(manager, session_id, "read", {"path": validate_path(path), "max_bytes": max_bytes})
-    return ReadResult(str(answer["content"]), int(answer["size"]), bool(answer["truncated"]))
+    answer = await _call(manager, session_id, "read", ReadAnswer, {"path": validate_path(path), "max_bytes": max_bytes})
+    return ReadResult(answer.content, answer.size, answer.truncated)
 
 
 async def delete_files(manager: SessionManager, session_id: str, paths: Sequence[str]) -> list[DeleteStatus]:
     """Delete regular files; a missing file is reported for its path without failing the call."""
     if not 1 <= len(paths) <= MAX_FILES_PER_CALL:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"delete between 1 and {MAX_FILES_PER_CALL} paths per call")
-    answer = await _call(manager, session_id, "delete", {"paths": [validate_path(p) for p in paths]})
-    return cast(list[DeleteStatus], answer["results"])
+    answer = await _call(manager, session_id, "delete", DeleteAnswer, {"paths": [validate_path(p) for p in paths]})
+    return list(answer.results)
 
 
 async def digest_file(manager: SessionManager, session_id: str, path: str) -> str:
     """The sha256 of a workspace file, computed inside the container."""
-    answer = await _call(manager, session_id, "digest", {"path": validate_path(path)})
-    return str(answer["sha256"])
+    answer = await _call(manager, session_id, "digest", DigestAnswer, {"path": validate_path(path)})
+    return answer.sha256
 
 
 async def _call(
     manager: SessionManager,
     session_id: str,
     operation: str,
+    answer: type[M],
     request: dict[str, Any],
     *,
     stdin: Iterator[bytes] | None = None,
-) -> dict[str, Any]:
+) -> M:
     async with manager.lease(session_id) as session:
-        return await call_file_helper(manager, session, operation, request, stdin=stdin)
+        return await call_file_helper(manager, session, operation, answer, request, stdin=stdin)
 
 
 async def call_file_helper(
     manager: SessionManager,
     session: Session,
     operation: str,
+    answer: type[M],
     request: dict[str, Any],
     *,
     stdin: Iterator[bytes] | None = None,
-) -> dict[str, Any]:
+) -> M:
     """One file-helper call on a leased session; refusals raise, anything untrustworthy destroys the session."""
     argv = [*manager.profile.helper_argv("files"), operation]
     try:
-        answer = await anyio.to_thread.run_sync(
+        reply = await anyio.to_thread.run_sync(
             lambda: call_helper(
                 manager.engine,
                 session.container_id,
                 argv,
+                user=session.user,
+                answer=answer,
                 request=request,
                 stdin=stdin,
                 timeout=HELPER_TIMEOUT_SECONDS,
@@ -209,12 +209,11 @@ async def call_file_helper(
         if error.code == ErrorCode.CONTAINER_UNAVAILABLE:
             raise await manager.fail_closed_with(session, error) from None
         raise
-    if answer["ok"]:
-        return answer
-    code = str(answer.get("code", ""))
-    if code in _REFUSALS and not answer.get("partial"):
-        error_code, message = _REFUSALS[code]
+    if not isinstance(reply, Refusal):
+        return reply
+    if reply.code in _REFUSALS and not reply.partial:
+        error_code, message = _REFUSALS[reply.code]
         raise SandboxError(error_code, message)
     await manager.fail_closed(session)
-    error_code, message = _FAILURES.get(code, (ErrorCode.INTERNAL_ERROR, "the file helper failed"))
+    error_code, message = _FAILURES.get(reply.code, (ErrorCode.INTERNAL_ERROR, "the file helper failed"))
     raise SandboxError(error_code, f"{message}; the sandbox was destroyed")

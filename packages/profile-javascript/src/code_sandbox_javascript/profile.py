@@ -19,7 +19,7 @@ from code_sandbox.hookspecs import HelperKind, ImageContents, ImageSpec, Profile
 
 PROFILE_NAME = "javascript-offline"
 # The version of the image layout and helper protocol; bump it when they change incompatibly.
-RUNTIME_VERSION = "1.0.0"
+RUNTIME_VERSION = "1.1.0"
 IMAGE_TAG = f"code-sandbox-javascript:{RUNTIME_VERSION}"
 NODE_PATH = "/usr/local/bin/node"
 HELPER_DIR = "/opt/sandbox"
@@ -85,7 +85,8 @@ def code_sandbox_build_run_argv(entrypoint: str, arguments: Sequence[str]) -> li
 
 @hookimpl
 def code_sandbox_helper_argv(helper: HelperKind) -> list[str]:
-    return [NODE_PATH, f"{HELPER_DIR}/{HELPER_FILES[helper]}"]
+    # User code shares the helpers' uid: SIGUSR1 (or process._debugProcess) must not open a helper's inspector.
+    return [NODE_PATH, "--disable-sigusr1", f"{HELPER_DIR}/{HELPER_FILES[helper]}"]
 
 
 @hookimpl

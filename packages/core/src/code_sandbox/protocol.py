@@ -1,0 +1,163 @@
+"""What the in-container helpers may say, as one strict model per message.
+
+Helpers share a uid with user code, so the host reads their output as untrusted input: every answer and every
+stderr line is parsed with one of these models (exact keys, exact types, integers within 0..2^53, bounded
+lengths), and anything else is a helper crash that destroys the sandbox.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+MAX_SAFE_INTEGER = 2**53
+"""The largest integer JavaScript represents exactly; no honest count or duration comes near it."""
+MAX_B64_CHARS = (64 * 1024 * 1024 * 4) // 3 + 4
+"""Base64 of the runner's largest output cap (64 MiB)."""
+MAX_TEXT_CHARS = 2 * 1024 * 1024
+MAX_PATH_CHARS = 8192
+MAX_LIST_ENTRIES = 1000
+MAX_RESULTS = 100
+
+Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
+Base64 = Annotated[str, StringConstraints(max_length=MAX_B64_CHARS, pattern=r"^[A-Za-z0-9+/]*={0,2}$")]
+
+
+class Message(BaseModel):
+    """A helper message: strict types, no unknown keys, immutable."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Refusal(Message):
+    """A helper's well-formed "no": a stable code; ``partial`` when a write stopped midway."""
+
+    ok: Literal[False]
+    code: Annotated[str, StringConstraints(max_length=64, pattern=r"^[A-Z][A-Z_]*$")]
+    message: Annotated[str, StringConstraints(max_length=200)]
+    partial: bool = False
+
+
+class RunAnswer(Message):
+    """How a program ended, as the runner saw it."""
+
+    ok: Literal[True]
+    exit_code: Annotated[int, Field(ge=0, le=255)] | None
+    signal: Annotated[str, StringConstraints(max_length=16, pattern=r"^SIG[A-Z0-9]+$")] | None
+    timed_out: bool
+    stdout_b64: Base64
+    stderr_b64: Base64
+    stdout_bytes: Count
+    stderr_bytes: Count
+    stdout_truncated: bool
+    stderr_truncated: bool
+    oom_killed: bool
+    oom_detectable: bool
+    duration_ms: Count
+    cleanup: Literal["ok", "failed"]
+    leftover_killed: Count
+
+
+class KillAllAnswer(Message):
+    """``runner --kill-all``: how many processes it killed, and whether a scan then found none."""
+
+    ok: Literal[True]
+    killed: Count
+    cleanup: Literal["ok", "failed"]
+
+
+class SurveyAnswer(Message):
+    """``runner --survey``, run as the supervisor uid: live processes of any other unprivileged uid."""
+
+    ok: Literal[True]
+    alive: Count
+
+
+class ReadyAnswer(Message):
+    """``runner --watchdog-ready``: whether the watchdog has installed its claim-signal handler."""
+
+    ok: Literal[True]
+    ready: bool
+
+
+class Progress(Message):
+    """A runner progress line (stderr), about once a second."""
+
+    elapsed_ms: Count
+    stdout_bytes: Count
+    stderr_bytes: Count
+
+
+class OutputPiece(Message):
+    """A piece of a program's kept output, streamed on the runner's stderr when asked for."""
+
+    stream: Literal["stdout", "stderr"]
+    b64: Base64
+
+
+class WriteAnswer(Message):
+    ok: Literal[True]
+    results: Annotated[list[Literal["written", "overwritten", "exists"]], Field(max_length=MAX_RESULTS)]
+    entries: Count
+    bytes: Count
+
+
+class ListRow(Message):
+    path: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_CHARS)]
+    type: Literal["file", "directory"]
+    size: Count
+
+
+class ListAnswer(Message):
+    ok: Literal[True]
+    entries: Annotated[list[ListRow], Field(max_length=MAX_LIST_ENTRIES)]
+    truncated: bool
+
+
+class ReadAnswer(Message):
+    ok: Literal[True]
+    content: Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
+    size: Count
+    truncated: bool
+
+
+class DeleteAnswer(Message):
+    ok: Literal[True]
+    results: Annotated[list[Literal["deleted", "missing", "not_a_file"]], Field(max_length=MAX_RESULTS)]
+
+
+class DigestAnswer(Message):
+    ok: Literal[True]
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    size: Count
+
+
+class InventoryAnswer(Message):
+    ok: Literal[True]
+    entries: Count
+    bytes: Count
+    overflow: bool
+
+
+M = TypeVar("M", bound=Message)
+
+
+class ProtocolViolation(Exception):
+    """The bytes are not the message the protocol allows here."""
+
+
+def parse_message(line: bytes, model: type[M]) -> M:
+    """Parse one JSON line as ``model``; any deviation raises :class:`ProtocolViolation`, never anything else."""
+    try:
+        return model.model_validate_json(line)
+    except (ValidationError, ValueError, RecursionError, MemoryError) as exc:
+        raise ProtocolViolation(model.__name__) from exc
+
+
+def parse_answer(line: bytes, model: type[M]) -> M | Refusal:
+    """A helper's answer line: ``model`` when ``ok`` is true, a :class:`Refusal` when it is false."""
+    try:
+        return parse_message(line, model)
+    except ProtocolViolation:
+        return parse_message(line, Refusal)

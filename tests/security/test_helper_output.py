@@ -1,0 +1,217 @@
+"""Helper output as an attack: whatever a helper writes, the host parses it strictly or destroys the sandbox.
+
+User code can no longer reach the runner's pipes (see test_trust_boundary.py), so these faults are injected at the
+engine boundary, around a real container: the real helper runs, then its output is replaced or extended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from code_sandbox.engine import DockerEngine, ExecResult
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.execution import UPDATE_BURST, UpdateBudget, run_entrypoint
+from code_sandbox.hardening import SUPERVISOR_USER
+from code_sandbox.plugins import Profile
+from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.settings import Settings
+from code_sandbox.workspace import list_files, write_files
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
+
+Edit = Callable[[list[str], ExecResult, dict[str, Any]], ExecResult]
+
+
+class _EditedHelper:
+    """The real engine, with one helper's exec result edited by ``edit`` (which may also feed ``on_stderr``)."""
+
+    def __init__(self, engine: DockerEngine, match: Callable[[list[str]], bool], edit: Edit) -> None:
+        self._engine = engine
+        self._match = match
+        self._edit = edit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def exec(self, container_id: str, argv: list[str], **kwargs: Any) -> ExecResult:
+        result = self._engine.exec(container_id, argv, **kwargs)
+        return self._edit(argv, result, kwargs) if self._match(argv) else result
+
+
+def _is_run(argv: list[str]) -> bool:
+    return any(arg.endswith("runner.mjs") for arg in argv) and argv[-1] == "-"
+
+
+def _is_list(argv: list[str]) -> bool:
+    return any(arg.endswith("files.mjs") for arg in argv) and "list" in argv
+
+
+@pytest.fixture
+async def manager(engine: DockerEngine, profile: Profile, image_id: str) -> AsyncIterator[SessionManager]:
+    del image_id
+    manager = SessionManager(engine, profile, Settings(max_sessions=2, default_timeout=10, max_timeout=60))
+    yield manager
+    await manager.shutdown()
+
+
+@pytest.fixture
+async def session(manager: SessionManager) -> Session:
+    session = await manager.create()
+    await write_files(manager, session.id, [("main.js", "console.log('hi')")], overwrite=False)
+    return session
+
+
+def _poison_stderr(line: bytes) -> Edit:
+    def edit(_argv: list[str], result: ExecResult, kwargs: dict[str, Any]) -> ExecResult:
+        kwargs["on_stderr"](line + b"\n")
+        return result
+
+    return edit
+
+
+def _replace_stdout(stdout: bytes, exit_code: int | None = 0) -> Edit:
+    return lambda _argv, _result, _kwargs: ExecResult(exit_code, stdout, b"")
+
+
+async def _progress(_elapsed: float, _output: int) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _poison_stderr(b'{"elapsed_ms":1,"stdout_bytes":1e999,"stderr_bytes":0}'),
+        _poison_stderr(b'{"elapsed_ms":1,"stdout_bytes":-1,"stderr_bytes":0}'),
+        _poison_stderr(b"[" * 100_000 + b"]" * 100_000),
+        _poison_stderr(b'{"stream":"stdout","b64":"not base64!"}'),
+        _replace_stdout(b"[" * 100_000 + b"]" * 100_000 + b"\n"),
+        _replace_stdout(b'{"ok":true,"exit_code":0}\n'),
+        _replace_stdout(b'{"ok":true,"exit_code":1e999}\n'),
+        _replace_stdout(b'{"ok":false,"code":"SPAWN_FAILED","message":"x"}\n'),
+    ],
+    ids=[
+        "huge-float",
+        "negative-count",
+        "deep-nesting",
+        "bad-piece",
+        "deep-answer",
+        "short-answer",
+        "float-exit",
+        "refusal",
+    ],
+)
+async def test_malformed_runner_output_destroys_the_session_with_a_stable_code(
+    manager: SessionManager, session: Session, edit: Edit
+) -> None:
+    manager.engine = _EditedHelper(manager.engine, _is_run, edit)  # type: ignore[assignment]
+    with pytest.raises(SandboxError) as caught:
+        await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=_progress)
+    assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
+    assert len(manager) == 0 and manager.engine.container_facts(session.container_id) is None
+
+
+async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionManager, session: Session) -> None:
+    manager.engine = _EditedHelper(  # type: ignore[assignment]
+        manager.engine, _is_run, lambda _argv, result, _kwargs: ExecResult(1, result.stdout, result.stderr)
+    )
+    with pytest.raises(SandboxError) as caught:
+        await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
+    assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
+    assert len(manager) == 0
+
+
+@pytest.mark.parametrize(
+    "stdout",
+    [
+        b'{"ok":true,"entries":[{"path":"a","type":"file","size":"12"}],"truncated":false}\n',
+        b'{"ok":true,"entries":[{"path":"a","type":"fifo","size":1}],"truncated":false}\n',
+        b'{"ok":true,"entries":[],"truncated":false,"extra":1}\n',
+        b'{"ok":true,"entries":[{"path":"a","type":"file","size":9007199254740993}],"truncated":false}\n',
+    ],
+    ids=["string-size", "unknown-type", "unknown-key", "size-past-2^53"],
+)
+async def test_malformed_file_helper_answers_destroy_the_session(
+    manager: SessionManager, session: Session, stdout: bytes
+) -> None:
+    manager.engine = _EditedHelper(manager.engine, _is_list, _replace_stdout(stdout))  # type: ignore[assignment]
+    with pytest.raises(SandboxError) as caught:
+        await list_files(manager, session.id, ".", recursive=True, max_depth=2)
+    assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message
+    assert len(manager) == 0
+
+
+async def test_a_flood_of_progress_lines_is_dropped_unparsed_past_the_budget(
+    manager: SessionManager, session: Session
+) -> None:
+    line = b'{"elapsed_ms":1,"stdout_bytes":1,"stderr_bytes":1}\n'
+    flood = line * (8 * 1024 * 1024 // len(line))
+
+    def edit(_argv: list[str], result: ExecResult, kwargs: dict[str, Any]) -> ExecResult:
+        for start in range(0, len(flood), 65536):
+            kwargs["on_stderr"](flood[start : start + 65536])
+        return result
+
+    updates: list[float] = []
+
+    async def progress(elapsed: float, _output: int) -> None:
+        updates.append(elapsed)
+
+    manager.engine = _EditedHelper(manager.engine, _is_run, edit)  # type: ignore[assignment]
+    result = await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=progress)
+    assert (result.exit_code, result.stdout) == (0, "hi\n")
+    # 160k lines arrive within a fraction of a second: the burst and a few refills are parsed, the rest dropped.
+    assert 1 <= len(updates) <= UPDATE_BURST + 10, len(updates)
+
+
+def test_the_update_budget_refills_at_its_rate_and_counts_what_it_drops() -> None:
+    now = [0.0]
+    budget = UpdateBudget(rate=4, burst=8, clock=lambda: now[0])
+    assert [budget.take() for _ in range(10)] == [True] * 8 + [False] * 2
+    now[0] += 1.0
+    assert [budget.take() for _ in range(5)] == [True] * 4 + [False]
+    now[0] += 100.0
+    assert sum(budget.take() for _ in range(20)) == 8
+    assert budget.dropped == 2 + 1 + 12
+
+
+async def test_a_process_that_survives_the_run_destroys_the_session(manager: SessionManager, session: Session) -> None:
+    # A process of the sandbox uid that the runner did not kill (here: started by a second exec just as the run
+    # ends, standing in for one that escaped the runner's kill) must be found by the supervisor's survey.
+    real = manager.engine
+    survivor_started = threading.Event()
+
+    def start_survivor() -> None:
+        with contextlib.suppress(SandboxError):  # the container is removed under it
+            argv = ["/usr/local/bin/node", "-e", "setTimeout(() => {}, 30000)"]
+            real.exec(session.container_id, argv, user=session.user, timeout=40, max_stdout=1024,
+                      on_stderr=lambda _chunk: None, exit_code=False)  # fmt: skip
+
+    def edit(_argv: list[str], result: ExecResult, _kwargs: dict[str, Any]) -> ExecResult:
+        threading.Thread(target=start_survivor, daemon=True).start()
+        deadline = time.monotonic() + 10
+        while not survivor_started.is_set() and time.monotonic() < deadline:
+            probe = real.exec(session.container_id, ["/usr/local/bin/node", "-e", _COUNT], user=SUPERVISOR_USER,
+                              timeout=10, max_stdout=1024)  # fmt: skip
+            if probe.stdout.strip() != b"0":
+                survivor_started.set()
+        return result
+
+    manager.engine = _EditedHelper(real, _is_run, edit)  # type: ignore[assignment]
+    with pytest.raises(SandboxError) as caught:
+        await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
+    assert survivor_started.is_set()
+    assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED
+    assert len(manager) == 0 and real.container_facts(session.container_id) is None
+
+
+_COUNT = """
+const fs = require('fs');
+console.log(fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p)).filter((p) => {
+  try { const uid = +fs.readFileSync(`/proc/${p}/status`, 'latin1').match(/Uid:\\s+(\\d+)/)[1];
+        return uid !== 0 && uid !== 65533; } catch { return false; } }).length);
+"""
