@@ -152,17 +152,37 @@ async function killLeftovers() {
 
 // Counts every byte but keeps only `cap`; crossing the cap calls onOverflow once. We keep reading (and
 // discarding) until the kill lands, so a flooding child can never stall the runner or fill the pipe. With
-// `name` set, every kept piece is also written to our stderr at once as {"stream": name, "b64": ...}, so the
-// host can show output while the program runs; the final answer still carries all of it.
+// `name` set, kept output is also written to our stderr as {"stream": name, "b64": ...}, coalesced to one line per
+// STREAM_FLUSH_MS (or per STREAM_PIECE_BYTES), so the host can show output while the program runs at a cost that
+// does not grow with the number of writes; the final answer still carries all of it.
+const STREAM_FLUSH_MS = 250;
+const STREAM_PIECE_BYTES = 64 * 1024;
 function capture(stream, cap, onOverflow, name) {
-  const c = { chunks: [], kept: 0, total: 0, truncated: false };
+  const c = { chunks: [], kept: 0, total: 0, truncated: false, flush: () => {} };
+  let pending = [];
+  let pendingBytes = 0;
+  let timer = null;
+  c.flush = () => {
+    clearTimeout(timer);
+    timer = null;
+    if (pendingBytes === 0) return;
+    const b64 = Buffer.concat(pending).toString('base64');
+    pending = [];
+    pendingBytes = 0;
+    process.stderr.write(`${JSON.stringify({ stream: name, b64 })}\n`);
+  };
   stream.on('data', (chunk) => {
     c.total += chunk.length;
     if (c.kept < cap) {
       const part = chunk.subarray(0, cap - c.kept);
       c.chunks.push(part);
       c.kept += part.length;
-      if (name) process.stderr.write(`${JSON.stringify({ stream: name, b64: part.toString('base64') })}\n`);
+      if (name) {
+        pending.push(part);
+        pendingBytes += part.length;
+        if (pendingBytes >= STREAM_PIECE_BYTES) c.flush();
+        else if (timer === null) timer = setTimeout(c.flush, STREAM_FLUSH_MS);
+      }
     }
     if (c.total > cap && !c.truncated) {
       c.truncated = true;
@@ -226,6 +246,8 @@ async function run(req) {
   await Promise.race([Promise.all([closed(child.stdout), closed(child.stderr)]), sleep(DRAIN_MS)]);
   child.stdout.destroy();
   child.stderr.destroy();
+  out.flush();
+  err.flush();
   const oomAfter = readOomKills();
   const oomDetectable = oomBefore !== null && oomAfter !== null;
   return {
@@ -259,23 +281,32 @@ function sealed() {
 }
 
 // Live processes of every unprivileged uid but ours (we run as the supervisor here, which user code cannot signal
-// or read): after a run, any such process outlived it.
+// or read): after a run, any such process outlived it. A status that cannot be read counts as alive; a process that
+// vanished between listing and reading means the process table changed under us, so we look again, and a table
+// that keeps changing (something still forks and exits) counts as alive too.
+const SURVEY_SCANS = 5;
 function survey() {
   const own = process.getuid();
-  let alive = 0;
-  for (const name of fs.readdirSync('/proc')) {
-    if (!/^[0-9]+$/.test(name)) continue;
-    let status;
-    try {
-      status = fs.readFileSync(`/proc/${name}/status`, 'latin1');
-    } catch {
-      continue; // exited while we scanned
+  for (let scan = 0; scan < SURVEY_SCANS; scan += 1) {
+    let alive = 0;
+    let vanished = 0;
+    for (const name of fs.readdirSync('/proc')) {
+      if (!/^[0-9]+$/.test(name) || Number(name) === process.pid) continue;
+      let status;
+      try {
+        status = fs.readFileSync(`/proc/${name}/status`, 'latin1');
+      } catch (err) {
+        if (err.code === 'ENOENT' || err.code === 'ESRCH') vanished += 1;
+        else alive += 1;
+        continue;
+      }
+      const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]);
+      const state = /^State:\s+(\S)/m.exec(status)?.[1];
+      if (uid !== 0 && uid !== own && state !== 'Z' && state !== 'X') alive += 1;
     }
-    const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]);
-    const state = /^State:\s+(\S)/m.exec(status)?.[1];
-    if (uid !== 0 && uid !== own && state !== 'Z' && state !== 'X') alive += 1;
+    if (alive > 0 || vanished === 0) return alive;
   }
-  return alive;
+  return 1;
 }
 
 // Waits for the first byte on stdin: true when one came, false when stdin ended (the survey is not wanted).

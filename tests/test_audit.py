@@ -128,6 +128,20 @@ def test_a_fifo_with_a_reader_is_refused_and_receives_nothing(path: Path, caplog
     assert_each_warning_once(caplog)
 
 
+def test_a_hard_link_planted_at_the_path_is_refused_and_its_other_name_unchanged(path: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other-private-file"
+    other.write_text("mine\n")
+    other.chmod(0o600)
+    path.parent.mkdir(mode=0o700)
+    os.link(other, path)
+    with pytest.raises(UnsafeAuditFileError):
+        open_audit_file(path)
+    log = AuditLog(path, enabled=True)
+    record(log)
+    log.close(timeout=PROMPT)
+    assert other.read_text() == "mine\n"
+
+
 def test_an_audit_file_readable_by_others_is_refused_and_left_unchanged(
     path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -152,6 +152,36 @@ async def test_a_drawn_uid_that_another_container_carries_is_detected_and_drawn_
     assert _node(engine, second, "console.log(process.getuid())") == f"{free}\n".encode()
 
 
+@pytest.mark.parametrize("how", ["fail_closed", "fail_closed_with"])
+async def test_a_cancel_landing_while_a_session_fails_closed_still_destroys_it(
+    manager: SessionManager, engine: DockerEngine, how: str
+) -> None:
+    session = await manager.create()
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # already cancelled: every unshielded await in there would stop at once
+        if how == "fail_closed":
+            await manager.fail_closed(session)
+        else:
+            await manager.fail_closed_with(session, SandboxError(ErrorCode.SUPERVISOR_FAILED, "x"))
+    assert len(manager) == 0 and session.state != "active"
+    assert engine.container_facts(session.container_id) is None
+
+
+async def test_a_reaper_pass_while_a_session_fails_closed_does_not_change_the_reported_code(
+    manager: SessionManager, engine: DockerEngine
+) -> None:
+    # fail_closed_with watches the container for a moment to tell "it vanished" from "we destroy it"; a reaper
+    # pass meanwhile must leave the session to it, or the call would report CONTAINER_UNAVAILABLE.
+    session = await manager.create()
+    error = SandboxError(ErrorCode.INTERNAL_ERROR, "not reached")
+    async with anyio.create_task_group() as group:
+        group.start_soon(manager.run_reaper, 0.05)
+        error = await manager.fail_closed_with(session, SandboxError(ErrorCode.SUPERVISOR_FAILED, "x"))
+        group.cancel_scope.cancel()
+    assert error.code == ErrorCode.SUPERVISOR_FAILED
+    assert len(manager) == 0 and engine.container_facts(session.container_id) is None
+
+
 def test_an_engine_without_seccomp_or_linux_containers_is_refused() -> None:
     for facts in (
         DaemonFacts(architecture="x86_64", os_type="linux", apparmor=False, seccomp=False),

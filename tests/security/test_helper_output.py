@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from code_sandbox.engine import DockerEngine, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import UPDATE_BURST, UpdateBudget, run_entrypoint
+from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import SUPERVISOR_USER
 from code_sandbox.plugins import Profile
+from code_sandbox.relay import PROGRESS_BURST, UpdateBudget
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import list_files, write_files
@@ -165,7 +166,7 @@ async def test_a_flood_of_progress_lines_is_dropped_unparsed_past_the_budget(
     result = await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=progress)
     assert (result.exit_code, result.stdout) == (0, "hi\n")
     # 160k lines arrive within a fraction of a second: the burst and a few refills are parsed, the rest dropped.
-    assert 1 <= len(updates) <= UPDATE_BURST + 10, len(updates)
+    assert 1 <= len(updates) <= PROGRESS_BURST + 10, len(updates)
 
 
 def test_the_update_budget_refills_at_its_rate_and_counts_what_it_drops() -> None:
@@ -215,3 +216,38 @@ console.log(fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p)).filter((p) =
   try { const uid = +fs.readFileSync(`/proc/${p}/status`, 'latin1').match(/Uid:\\s+(\\d+)/)[1];
         return uid !== 0 && uid !== 65533; } catch { return false; } }).length);
 """
+
+
+async def test_chatty_honest_output_streams_whole_and_never_overflows_the_helpers_stderr(
+    manager: SessionManager, session: Session
+) -> None:
+    # 300k one-byte writes per stream, then a line every 100 ms for 2 s: streamed piece by piece, this would be
+    # far more than the 8 MiB the host reads from the runner's stderr, and far more lines than it parses.
+    source = """
+for (let i = 0; i < 300000; i++) { process.stdout.write('o'); process.stderr.write('e'); }
+let n = 0; const t = setInterval(() => { console.log(`line ${n}`); if (++n === 20) clearInterval(t); }, 100);
+"""
+    await write_files(manager, session.id, [("chatty.js", source)], overwrite=True)
+    streamed: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+
+    async def output(stream: str, data: bytes) -> None:
+        streamed[stream].extend(data)
+
+    result = await run_entrypoint(manager, session.id, "chatty.js", [], timeout_seconds=30, output=output)
+    expected = "o" * 300000 + "".join(f"line {n}\n" for n in range(20))
+    assert (result.exit_code, result.stdout, result.stderr) == (0, expected, "e" * 300000)
+    assert bytes(streamed["stdout"]) == expected.encode() and bytes(streamed["stderr"]) == b"e" * 300000
+
+
+async def test_a_write_answer_with_the_wrong_number_of_results_destroys_the_session(
+    manager: SessionManager, session: Session
+) -> None:
+    def is_write(argv: list[str]) -> bool:
+        return any(arg.endswith("files.mjs") for arg in argv) and "write" in argv
+
+    stdout = b'{"ok":true,"results":["written"],"entries":3,"bytes":10}\n'
+    manager.engine = _EditedHelper(manager.engine, is_write, _replace_stdout(stdout))  # type: ignore[assignment]
+    with pytest.raises(SandboxError) as caught:
+        await write_files(manager, session.id, [("a.txt", "a"), ("b.txt", "b")], overwrite=False)
+    assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message
+    assert len(manager) == 0

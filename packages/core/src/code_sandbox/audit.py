@@ -85,7 +85,8 @@ def _is_private_regular_file(info: os.stat_result) -> bool:
         return False
     if sys.platform == "win32":  # no owner uid or permission bits to check there
         return True
-    return info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
+    # One link only: a hard link planted at the path would make us append to another file of ours.
+    return info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0 and info.st_nlink == 1
 
 
 class AuditLog:

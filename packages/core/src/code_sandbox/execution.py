@@ -2,14 +2,15 @@
 
 The runner helper does the work inside the container (process group, output caps, deadline, leftover cleanup,
 OOM detection); this module builds its request from the profile's argv hook, enforces a host-side deadline as a
-safety net, turns progress lines into callbacks, and stops a cancelled run at once.
+safety net, relays progress (:mod:`code_sandbox.relay`), stops a cancelled run at once, and after every run has
+the supervisor's survey prove that no process of the sandbox outlived it.
 
 Calls on one sandbox are serialized by its lease: a second run (or file call) on a busy sandbox waits until the
 first finishes, which is bounded by that run's timeout. Runs in different sandboxes proceed in parallel.
 
 Cancellation kills the run's processes (``runner --kill-all``) rather than destroying the sandbox: the kill is
-verified inside the container, it takes a fraction of a second, and the model keeps its files. If the kill cannot
-be verified, the sandbox is destroyed instead.
+verified by the survey, it takes a fraction of a second, and the model keeps its files. If the kill cannot be
+verified, the sandbox is destroyed instead.
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ import binascii
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import SUPERVISOR_USER
@@ -35,14 +34,12 @@ from code_sandbox.helpers import HelperCrash, call_helper
 from code_sandbox.paths import validate_entrypoint
 from code_sandbox.protocol import (
     KillAllAnswer,
-    OutputPiece,
     ProtocolViolation,
     Refusal,
     RunAnswer,
     SurveyAnswer,
-    parse_message,
 )
-from code_sandbox.protocol import Progress as ProgressLine
+from code_sandbox.relay import OutputSink, Progress, supervise
 from code_sandbox.sessions import Session, SessionManager
 
 logger = logging.getLogger(__name__)
@@ -57,17 +54,6 @@ CANCEL_TIMEOUT_SECONDS = 5.0
 CANCEL_KILL_ATTEMPTS = 3
 CANCEL_WAIT_SECONDS = 0.5
 SURVEY_TIMEOUT_SECONDS = 10.0
-UPDATES_PER_SECOND = 4.0
-"""How many of the runner's stderr lines (progress, streamed output) the host parses and forwards per second."""
-UPDATE_BURST = 8
-
-Progress = Callable[[float, int], Coroutine[Any, Any, None]]
-OutputSink = Callable[[str, bytes], Coroutine[Any, Any, None]]
-"""Called with ("stdout" or "stderr", bytes) as output arrives, in order; once a stream falls behind (its
-buffer full), its later pieces are not sent and the caller takes the rest from the result's raw bytes."""
-_Update = tuple[float, int] | tuple[str, bytes]
-"""Called about once a second during a run with (elapsed seconds, output bytes so far)."""
-
 TerminationReason = Literal["exited", "signaled", "timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed"]
 
 
@@ -169,7 +155,7 @@ async def _run_and_verify(
     finished: threading.Event,
 ) -> RunResult:
     try:
-        answer = await _supervise(call, progress, output)
+        answer = await supervise(call, progress, output)
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
             await cancel_run(manager, session, finished)
@@ -194,37 +180,6 @@ async def _run_and_verify(
     result = await _result(manager, session, answer)
     await require_no_survivors(manager, session, survey)
     return result
-
-
-async def _supervise(
-    call: Callable[[Callable[[bytes], None] | None], RunAnswer | Refusal],
-    progress: Progress | None,
-    output: OutputSink | None,
-) -> RunAnswer | Refusal | None:
-    """Run the blocking runner call in a worker thread, relaying progress beside it.
-
-    The call's outcome is carried out of the task group by hand, so an error or a cancellation leaves as itself
-    rather than wrapped in an exception group.
-    """
-    outcome: RunAnswer | Refusal | None = None
-    failure: BaseException | None = None
-    async with anyio.create_task_group() as group:
-        send, receive = anyio.create_memory_object_stream[_Update](64)
-        with send:
-            on_stderr = None
-            if progress is not None or output is not None:
-                group.start_soon(_deliver_updates, receive, progress, output)
-                on_stderr = _update_reader(send)
-            else:
-                receive.close()
-            try:
-                outcome = await anyio.to_thread.run_sync(call, on_stderr, abandon_on_cancel=True)
-            except BaseException as exc:  # re-raised below, outside the group
-                failure = exc
-        group.cancel_scope.cancel()  # stop relaying progress
-    if failure is not None:
-        raise failure
-    return outcome
 
 
 async def _result(manager: SessionManager, session: Session, answer: RunAnswer | Refusal | None) -> RunResult:
@@ -331,7 +286,8 @@ class Survey:
         """Let the survey scan now (the run is over) and return how many processes outlived it, or ``None``."""
         self._go = True
         self._gate.set()
-        await anyio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
+        with anyio.move_on_after(SURVEY_TIMEOUT_SECONDS):
+            await anyio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
         answer = self._answer
         return answer.alive if isinstance(answer, SurveyAnswer) else None
 
@@ -341,10 +297,18 @@ class Survey:
 
 
 async def require_no_survivors(manager: SessionManager, session: Session, survey: Survey) -> None:
-    """Destroy the sandbox (``PROCESS_CLEANUP_FAILED``) unless the survey proves that nothing outlived the run."""
-    if await survey.count() != 0:
-        logger.warning("session %s: processes outlived their run, or the survey failed", session.hash)
-        raise await manager.fail_closed_with(session, _cleanup_failed())
+    """Destroy the sandbox (``PROCESS_CLEANUP_FAILED``) unless a survey proves that nothing outlived the run.
+
+    Shielded: a cancellation must skip neither the proof nor the destroy. A survey that could not answer (one
+    started beside a program that filled its pid limit cannot start) is retried once, now that the run is over.
+    """
+    with anyio.CancelScope(shield=True):
+        alive = await survey.count()
+        if alive is None:
+            alive = await Survey(manager, session, timeout=SURVEY_TIMEOUT_SECONDS).count()
+        if alive != 0:
+            logger.warning("session %s: processes outlived their run, or the survey failed", session.hash)
+            raise await manager.fail_closed_with(session, _cleanup_failed())
 
 
 async def verify_cleanup(manager: SessionManager, session: Session) -> None:
@@ -389,99 +353,3 @@ async def cancel_run(manager: SessionManager, session: Session, finished: thread
             logger.info("session %s: cancelled run stopped", session.hash)
             return
     await manager.fail_closed(session)
-
-
-async def _deliver_updates(
-    receive: MemoryObjectReceiveStream[_Update], progress: Progress | None, output: OutputSink | None
-) -> None:
-    async with receive:
-        async for first, second in receive:
-            try:
-                if isinstance(first, str) and isinstance(second, bytes):
-                    if output is not None:
-                        await output(first, second)
-                elif progress is not None and isinstance(first, float) and isinstance(second, int):
-                    await progress(first, second)
-            except Exception:  # a client that cannot take an update must not break the run
-                logger.debug("a progress or output update could not be delivered")
-
-
-class UpdateBudget:
-    """A token bucket: at most ``rate`` lines a second (``burst`` at once) are parsed; the rest are dropped."""
-
-    def __init__(
-        self, rate: float = UPDATES_PER_SECOND, burst: int = UPDATE_BURST, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._rate = rate
-        self._burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._last = clock()
-        self.dropped = 0
-
-    def take(self) -> bool:
-        now = self._clock()
-        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
-        self._last = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        self.dropped += 1
-        return False
-
-
-def _update_reader(
-    send: MemoryObjectSendStream[_Update], budget: UpdateBudget | None = None
-) -> Callable[[bytes], None]:
-    """Turn the runner's stderr lines (progress, streamed output) into updates for the event loop.
-
-    Only as many lines as the budget allows are parsed; each one parsed must be a progress line or an output
-    piece, exactly, or the reader raises and the run ends as a supervisor failure. The exec thread never blocks
-    on a slow consumer: it offers each update and drops it when the buffer is full, so a slow client can delay
-    updates but never the run or its deadline. A stream that lost a piece (to the budget or to a full buffer) is
-    not continued (no gaps); its remainder comes from the result.
-    """
-    budget = budget or UpdateBudget()
-    pending = bytearray()
-    behind: set[str] = set()
-
-    def offer(update: _Update) -> bool:
-        try:
-            send.send_nowait(update)
-        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            return False
-        return True
-
-    def forward(update: _Update) -> bool:
-        try:
-            return anyio.from_thread.run_sync(offer, update)
-        except RuntimeError:  # the event loop is gone, so nobody wants updates any more
-            return False
-
-    def handle(line: bytes) -> None:
-        if line.startswith(b'{"stream"'):
-            piece = parse_message(line, OutputPiece)
-            if piece.stream in behind:
-                return
-            try:
-                data = base64.b64decode(piece.b64, validate=True)
-            except (binascii.Error, ValueError):
-                raise ProtocolViolation("output piece") from None
-            if not forward((piece.stream, data)):
-                behind.add(piece.stream)
-            return
-        line_progress = parse_message(line, ProgressLine)
-        forward((line_progress.elapsed_ms / 1000, line_progress.stdout_bytes + line_progress.stderr_bytes))
-
-    def on_stderr(chunk: bytes) -> None:
-        pending.extend(chunk)
-        start = 0
-        while (end := pending.find(b"\n", start)) != -1:
-            if budget.take():
-                handle(bytes(pending[start:end]))
-            elif pending.startswith(b'{"stream"', start):
-                behind.add("stdout" if pending.startswith(b'{"stream":"stdout"', start) else "stderr")
-            start = end + 1
-        del pending[:start]
-
-    return on_stderr

@@ -17,7 +17,7 @@ SANDBOX_UIDS = range(0x7000_0000, 0x7000_0000 + 2**20)
 instances, pipe buffers) belong to one sandbox alone. The range (1879048192 to 1880096767) lies above the uids that
 systemd assigns to users, dynamic users and nspawn containers (up to 0x6FFFFFFF) and below 2^31, where tools that
 read uid_t as signed fail. Other software must not run processes with these uids."""
-PROBE_UID = SANDBOX_UIDS.start - 1
+PROBE_UID = SANDBOX_UIDS.stop
 """Runs ``verify-image``'s and ``doctor``'s probe commands: unprivileged, outside every sandbox's range."""
 SUPERVISOR_UID = 65533
 """Runs the container's main process (the watchdog) in every sandbox, so user code cannot signal it."""

@@ -68,6 +68,9 @@ class ServerMarker:
                     continue
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # a peer's prune is judging our new file this instant: use another name
+                    os.close(fd)
+                    continue
                 except OSError:  # no locks on this filesystem (ENOLCK): a file without a lock would read "stopped"
                     os.close(fd)
                     with contextlib.suppress(OSError):

@@ -87,7 +87,9 @@ class Session:
     last_used: float  # monotonic
     uid: int = 0  # the sandbox's own uid: user code and its helpers run as it
     lock: anyio.Lock = field(default_factory=anyio.Lock)
-    state: Literal["active", "destroying"] = "active"
+    state: Literal["active", "failing", "destroying"] = "active"
+    """``failing``: untrusted and being destroyed by the call that found out (the reaper leaves it to that call);
+    ``destroying``: removal started, or failed and is retried by the reaper."""
 
     @property
     def hash(self) -> str:
@@ -113,6 +115,7 @@ class SessionManager:
         self._image_lock = anyio.Lock()
         self._pool: list[_Pooled] = []
         self._warming: set[str] = set()  # created for the pool, not yet ready
+        self._starting: set[str] = set()  # created, not yet handed to a session or the pool (set by a worker thread)
         self._pool_changed = anyio.Event()
         self._closing = False
 
@@ -127,7 +130,7 @@ class SessionManager:
             raise SandboxError(
                 ErrorCode.INVALID_SESSION, "no such sandbox; it was destroyed, expired, or never existed"
             )
-        if session.state == "destroying":
+        if session.state != "active":
             raise SandboxError(ErrorCode.INVALID_SESSION, "this sandbox has been destroyed")
         return session
 
@@ -221,22 +224,27 @@ class SessionManager:
             )
             try:
                 container_id = await self._run(
-                    partial(self.engine.create_container, request, before_start=partial(self._refuse_shared_uid, uid))
+                    partial(self.engine.create_container, request, before_start=partial(self._before_start, uid))
                 )
             except _UidTaken:
                 logger.info("a drawn sandbox uid was in use on this engine; drawing another")
                 continue
+            # Handed over without an await in between: the caller records it as a session's or the pool's.
+            self._starting.discard(container_id)
             return container_id, uid
         raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "no free sandbox uid could be found on this engine")
 
-    def _refuse_shared_uid(self, uid: int, container_id: str) -> None:
-        """Called between create and start: fail if any other container on the engine is labelled with ``uid``.
+    def _before_start(self, uid: int, container_id: str) -> None:
+        """Called between create and start: record the container, so that a shutdown meanwhile removes it, then
+        fail if any other container on the engine is labelled with ``uid``.
 
         Two servers that draw the same uid at once both create before they check, so at least one of them sees
         the other and draws again: a shared uid is detected, never started.
         """
+        self._starting.add(container_id)
         holders = self.engine.list_containers(f"{LABEL_UID}={uid}")
         if any(holder.id != container_id for holder in holders):
+            self._starting.discard(container_id)  # the engine removes it as the error leaves
             raise _UidTaken
 
     # -- warm pool ----------------------------------------------------------------------------------------------
@@ -374,24 +382,33 @@ class SessionManager:
             await self._remove(session, abandon=abandon)
 
     async def fail_closed(self, session: Session) -> None:
-        """Destroy a session whose state can no longer be trusted (a broken transfer, an integrity violation)."""
-        await self._destroy_quietly(session)
+        """Destroy a session whose state can no longer be trusted (a broken transfer, an integrity violation).
+
+        The session is unusable from the first line on, and a cancellation cannot stop its removal: a call
+        cancelled at this point must not leave an untrusted sandbox active.
+        """
+        session.state = "failing"
+        with anyio.CancelScope(shield=True):
+            await self._destroy_quietly(session)
 
     async def fail_closed_with(self, session: Session, error: SandboxError) -> SandboxError:
-        """Destroy an untrustworthy session and say why: ``error``, or ``CONTAINER_UNAVAILABLE`` when the
-        container itself vanished (removed outside code-sandbox, or the daemon went away)."""
+        """Destroy an untrustworthy session (as :meth:`fail_closed`) and say why: ``error``, or
+        ``CONTAINER_UNAVAILABLE`` when the container itself vanished (removed outside code-sandbox, or the daemon
+        went away)."""
+        session.state = "failing"
         lost = False
-        with anyio.move_on_after(LOST_CONTAINER_GRACE_SECONDS):
-            # A container killed under us can still say "running" for a moment; watch it briefly.
-            while not lost:
-                try:
-                    facts = await self._run(self.engine.container_facts, session.container_id)
-                    lost = facts is None or facts.state != "running"
-                except SandboxError:
-                    lost = True
-                if not lost:
-                    await anyio.sleep(0.1)
-        await self._destroy_quietly(session)
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(LOST_CONTAINER_GRACE_SECONDS):
+                # A container killed under us can still say "running" for a moment; watch it briefly.
+                while not lost:
+                    try:
+                        facts = await self._run(self.engine.container_facts, session.container_id)
+                        lost = facts is None or facts.state != "running"
+                    except SandboxError:
+                        lost = True
+                    if not lost:
+                        await anyio.sleep(0.1)
+            await self._destroy_quietly(session)
         if lost:
             return SandboxError(
                 ErrorCode.CONTAINER_UNAVAILABLE,
@@ -429,7 +446,7 @@ class SessionManager:
             async with anyio.create_task_group() as group:
                 self._closing = True  # the pool filler stops, and discards what it was creating
                 pooled, self._pool = [entry.container_id for entry in self._pool], []
-                for container_id in [*pooled, *self._warming]:
+                for container_id in [*pooled, *self._warming, *self._starting]:
                     group.start_soon(self._discard, container_id)
                 for session in list(self._sessions.values()):
                     if session.container_id:
@@ -439,7 +456,7 @@ class SessionManager:
 
     def remove_all_now(self) -> None:
         """Synchronous last resort for interpreter exit: remove what is left, ignoring failures."""
-        for container_id in [*(pooled.container_id for pooled in self._pool), *self._warming]:
+        for container_id in [*(pooled.container_id for pooled in self._pool), *self._warming, *self._starting]:
             with contextlib.suppress(Exception):
                 self.engine.remove_container(container_id)
         self._pool = []

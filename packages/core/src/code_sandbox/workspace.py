@@ -117,7 +117,9 @@ async def write_files(
         "max_entries": MAX_ENTRIES,
         "max_total_bytes": MAX_WORKSPACE_BYTES,
     }
-    answer = await _call(manager, session_id, "write", WriteAnswer, request, stdin=encode_write_stream(encoded))
+    answer = await _call(
+        manager, session_id, "write", WriteAnswer, request, stdin=encode_write_stream(encoded), results=len(encoded)
+    )
     return list(answer.results)
 
 
@@ -149,7 +151,8 @@ async def delete_files(manager: SessionManager, session_id: str, paths: Sequence
     """Delete regular files; a missing file is reported for its path without failing the call."""
     if not 1 <= len(paths) <= MAX_FILES_PER_CALL:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"delete between 1 and {MAX_FILES_PER_CALL} paths per call")
-    answer = await _call(manager, session_id, "delete", DeleteAnswer, {"paths": [validate_path(p) for p in paths]})
+    request = {"paths": [validate_path(p) for p in paths]}
+    answer = await _call(manager, session_id, "delete", DeleteAnswer, request, results=len(paths))
     return list(answer.results)
 
 
@@ -167,9 +170,10 @@ async def _call(
     request: dict[str, Any],
     *,
     stdin: Iterator[bytes] | None = None,
+    results: int | None = None,
 ) -> M:
     async with manager.lease(session_id) as session:
-        return await call_file_helper(manager, session, operation, answer, request, stdin=stdin)
+        return await call_file_helper(manager, session, operation, answer, request, stdin=stdin, results=results)
 
 
 async def call_file_helper(
@@ -180,8 +184,12 @@ async def call_file_helper(
     request: dict[str, Any],
     *,
     stdin: Iterator[bytes] | None = None,
+    results: int | None = None,
 ) -> M:
-    """One file-helper call on a leased session; refusals raise, anything untrustworthy destroys the session."""
+    """One file-helper call on a leased session; refusals raise, anything untrustworthy destroys the session.
+
+    :param results: how many per-path results the answer must carry (one per path of the request).
+    """
     argv = [*manager.profile.helper_argv("files"), operation]
     try:
         reply = await anyio.to_thread.run_sync(
@@ -210,6 +218,11 @@ async def call_file_helper(
             raise await manager.fail_closed_with(session, error) from None
         raise
     if not isinstance(reply, Refusal):
+        if results is not None and len(getattr(reply, "results", ())) != results:
+            await manager.fail_closed(session)
+            raise SandboxError(
+                ErrorCode.TRANSFER_FAILED, "the file helper answered out of protocol; the sandbox was destroyed"
+            )
         return reply
     if reply.code in _REFUSALS and not reply.partial:
         error_code, message = _REFUSALS[reply.code]
