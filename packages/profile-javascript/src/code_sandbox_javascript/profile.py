@@ -45,7 +45,8 @@ scratch space. Only one run per sandbox at a time.
 Returns exit_code, signal, timed_out, oom_killed, stdout and stderr (1 MiB each at most, with \
 stdout_truncated/stderr_truncated set when cut, invalid UTF-8 replaced), termination_reason and duration_ms. \
 A program killed by its timeout, its output cap or the memory limit still returns a result; a program that \
-cannot be cleaned up destroys the sandbox (error PROCESS_CLEANUP_FAILED)."""
+cannot be cleaned up destroys the sandbox (error PROCESS_CLEANUP_FAILED), and so does one that stops or kills the \
+runner that supervises it (error SUPERVISOR_FAILED)."""
 
 
 @hookimpl
