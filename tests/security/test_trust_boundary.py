@@ -13,6 +13,7 @@ import anyio
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.hardening import LABEL_SESSION, SANDBOX_UIDS
+from mcp import ClientSession
 
 from tests.test_server import connect, error_code, ok
 
@@ -40,6 +41,12 @@ spawn(process.execPath, ['-e', "setInterval(() => require('fs').writeFileSync('/
 
 
 WAIT = "setTimeout(() => {}, 400)"
+
+
+async def _run_program(client: ClientSession, sid: str, source: str) -> dict[str, Any]:
+    """Write ``source`` as main.js in the sandbox and run it; the run's result."""
+    ok(await client.call_tool("write_files", {"session_id": sid, "files": [{"path": "main.js", "content": source}]}))
+    return ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "main.js"}))
 
 
 def _session_containers(engine: DockerEngine, session_id: str) -> list[Any]:
@@ -88,13 +95,8 @@ setTimeout(() => {
 async def test_sigusr1_opens_no_inspector_in_the_runner_and_the_run_still_answers(tmp_path: Path) -> None:
     async with connect(tmp_path) as client:
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
-        ok(
-            await client.call_tool(
-                "write_files", {"session_id": sid, "files": [{"path": "i.js", "content": INSPECTOR}]}
-            )
-        )
-        run = ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "i.js"}))
-        assert (run["exit_code"], run["stdout"]) == (0, "ECONNREFUSED\n")
+        run = await _run_program(client, sid, INSPECTOR)
+    assert (run["exit_code"], run["stdout"]) == (0, "ECONNREFUSED\n")
 
 
 REACH = """
@@ -115,10 +117,7 @@ console.log(JSON.stringify({ runner: String(process.ppid), out, own: fs.readdirS
 async def test_user_code_cannot_open_another_processes_fds_or_memory(tmp_path: Path) -> None:
     async with connect(tmp_path) as client:
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
-        ok(await client.call_tool("write_files", {"session_id": sid, "files": [{"path": "r.js", "content": REACH}]}))
-        seen = json.loads(
-            ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "r.js"}))["stdout"]
-        )
+        seen = json.loads((await _run_program(client, sid, REACH))["stdout"])
     assert seen["own"] is True  # its own fds stay its own
     assert f"{seen['runner']}/fd" in seen["out"]  # the runner, same uid, was among the targets
     assert len(seen["out"]) >= 12 and set(seen["out"].values()) <= {"EACCES", "EPERM"}, seen["out"]
@@ -132,12 +131,7 @@ async def test_every_live_sandbox_has_its_own_uid_owning_its_tmpfs(tmp_path: Pat
         uids: list[int] = []
         for _ in range(4):
             sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
-            ok(
-                await client.call_tool(
-                    "write_files", {"session_id": sid, "files": [{"path": "w.js", "content": WHOAMI}]}
-                )
-            )
-            run = ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "w.js"}))
+            run = await _run_program(client, sid, WHOAMI)
             uid, gid, workspace, scratch = json.loads(run["stdout"])
             assert uid == gid == workspace == scratch and uid in SANDBOX_UIDS
             uids.append(uid)
