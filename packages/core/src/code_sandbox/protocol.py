@@ -21,6 +21,8 @@ MAX_LIST_ENTRIES = 1000
 MAX_RESULTS = 100
 
 Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
+WriteStatus = Literal["written", "overwritten", "exists"]
+DeleteStatus = Literal["deleted", "missing", "not_a_file"]
 Base64 = Annotated[str, StringConstraints(max_length=MAX_B64_CHARS, pattern=r"^[A-Za-z0-9+/]*={0,2}$")]
 
 
@@ -98,7 +100,7 @@ class OutputPiece(Message):
 
 class WriteAnswer(Message):
     ok: Literal[True]
-    results: Annotated[list[Literal["written", "overwritten", "exists"]], Field(max_length=MAX_RESULTS)]
+    results: Annotated[list[WriteStatus], Field(max_length=MAX_RESULTS)]
     entries: Count
     bytes: Count
 
@@ -124,7 +126,7 @@ class ReadAnswer(Message):
 
 class DeleteAnswer(Message):
     ok: Literal[True]
-    results: Annotated[list[Literal["deleted", "missing", "not_a_file"]], Field(max_length=MAX_RESULTS)]
+    results: Annotated[list[DeleteStatus], Field(max_length=MAX_RESULTS)]
 
 
 class DigestAnswer(Message):

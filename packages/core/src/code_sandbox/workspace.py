@@ -19,7 +19,17 @@ import anyio.to_thread
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.helpers import HelperCrash, call_helper
 from code_sandbox.paths import validate_path
-from code_sandbox.protocol import DeleteAnswer, DigestAnswer, ListAnswer, M, ReadAnswer, Refusal, WriteAnswer
+from code_sandbox.protocol import (
+    DeleteAnswer,
+    DeleteStatus,
+    DigestAnswer,
+    ListAnswer,
+    M,
+    ReadAnswer,
+    Refusal,
+    WriteAnswer,
+    WriteStatus,
+)
 from code_sandbox.sessions import Session, SessionManager
 
 MiB = 1024 * 1024
@@ -33,8 +43,6 @@ MAX_LIST_DEPTH = 10
 DEFAULT_READ_BYTES = 65536
 HELPER_TIMEOUT_SECONDS = 30.0
 
-WriteStatus = Literal["written", "overwritten", "exists"]
-DeleteStatus = Literal["deleted", "missing", "not_a_file"]
 
 # Refusals the helper reports; anything else it says ends the session.
 _REFUSALS: dict[str, tuple[ErrorCode, str]] = {
