@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,8 @@ from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_MANAGED
 from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
+from code_sandbox.sessions import SessionManager
+from code_sandbox.settings import Settings
 
 TEST_LABEL = "io.code-sandbox.test"
 # What /tmp held before any test ran; the final check shows that the suite added nothing outside its own dirs.
@@ -61,6 +63,15 @@ def cleanup_managed(engine: DockerEngine) -> Iterator[None]:
     """Remove every managed container a test leaves behind, even when it fails."""
     yield
     _remove_labelled(engine, LABEL_MANAGED)
+
+
+@pytest.fixture
+async def manager(engine: DockerEngine, profile: Profile, image_id: str) -> AsyncIterator[SessionManager]:
+    """A session manager on the verified image, shut down (its containers removed) after the test."""
+    del image_id
+    manager = SessionManager(engine, profile, Settings(max_sessions=4, default_timeout=10, max_timeout=60))
+    yield manager
+    await manager.shutdown()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -12,7 +12,6 @@ import pytest
 from code_sandbox.engine import DockerEngine, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
-from code_sandbox.plugins import Profile
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import list_files, write_files
@@ -27,14 +26,6 @@ const mine = fs.readdirSync('/proc').filter(p => /^\\d+$/.test(p) && +p !== proc
     return +s.match(/Uid:\\s+(\\d+)/)[1] === process.getuid() && !/State:\\s+Z/.test(s); } catch { return false; } });
 console.log(mine.length);
 """
-
-
-@pytest.fixture
-async def manager(engine: DockerEngine, profile: Profile, image_id: str) -> AsyncIterator[SessionManager]:
-    del image_id
-    manager = SessionManager(engine, profile, Settings(max_sessions=4, default_timeout=10, max_timeout=60))
-    yield manager
-    await manager.shutdown()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,10 +17,8 @@ from code_sandbox.engine import DockerEngine, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import SUPERVISOR_USER
-from code_sandbox.plugins import Profile
 from code_sandbox.relay import PROGRESS_BURST, UpdateBudget
 from code_sandbox.sessions import Session, SessionManager
-from code_sandbox.settings import Settings
 from code_sandbox.workspace import list_files, write_files
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
@@ -50,14 +48,6 @@ def _is_run(argv: list[str]) -> bool:
 
 def _is_list(argv: list[str]) -> bool:
     return any(arg.endswith("files.mjs") for arg in argv) and "list" in argv
-
-
-@pytest.fixture
-async def manager(engine: DockerEngine, profile: Profile, image_id: str) -> AsyncIterator[SessionManager]:
-    del image_id
-    manager = SessionManager(engine, profile, Settings(max_sessions=2, default_timeout=10, max_timeout=60))
-    yield manager
-    await manager.shutdown()
 
 
 @pytest.fixture
