@@ -233,8 +233,8 @@ class _ListedEngine(DockerEngine):
         super().__init__()
         self.containers = containers
 
-    def list_containers(self, label: str) -> list[ContainerFacts]:
-        del label
+    def list_containers(self, label: str, *more_labels: str) -> list[ContainerFacts]:
+        del label, more_labels
         return self.containers
 
     def remove_container(self, container_id: str) -> bool:
@@ -263,8 +263,8 @@ class _ScopedEngine(DockerEngine):
         super().__init__()
         self.container_ids = container_ids
 
-    def list_containers(self, label: str) -> list[ContainerFacts]:
-        return [c for c in super().list_containers(label) if c.id in self.container_ids]
+    def list_containers(self, label: str, *more_labels: str) -> list[ContainerFacts]:
+        return [c for c in super().list_containers(label, *more_labels) if c.id in self.container_ids]
 
 
 @pytest.fixture

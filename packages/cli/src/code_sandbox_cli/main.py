@@ -135,7 +135,7 @@ async def _run_local(
     arguments: list[str],
     timeout_seconds: int | None,
 ) -> int:
-    engine = DockerEngine()
+    engine = DockerEngine(labels=settings.container_labels())
     marker = ServerMarker.acquire(default_state_dir())
     manager = SessionManager(engine, profile, replace(settings, warm_pool=0), owner=marker.owner)
     printed = {"stdout": 0, "stderr": 0}
@@ -179,7 +179,11 @@ def doctor() -> None:
         profile = select_profile(create_plugin_manager(), os.environ.get("CODE_SANDBOX_PROFILE") or None)
     except SandboxError:
         profile = None
-    engine = DockerEngine()
+    try:
+        labels = load_settings().container_labels()
+    except SandboxError:
+        labels = {}  # the settings finding reports it
+    engine = DockerEngine(labels=labels)
     try:
         findings = run_doctor(engine, profile)
     finally:
@@ -213,7 +217,8 @@ def build_image(
     ] = None,
 ) -> None:
     """Build the sandbox image and tag it with the profile's single allowlisted tag."""
-    profile = _profile(_settings())
+    settings = _settings()
+    profile = _profile(settings)
     if not offline:
         typer.echo(
             "code-sandbox: only offline builds are done by this command "
@@ -222,7 +227,7 @@ def build_image(
             err=True,
         )
         raise typer.Exit(2)
-    engine = DockerEngine()
+    engine = DockerEngine(labels=settings.container_labels())
     try:
         image_id = build_offline_image(
             engine, profile, runtime=node, progress=lambda text: typer.echo(f"  {text}", err=True)
@@ -237,8 +242,9 @@ def build_image(
 @app.command("verify-image")
 def verify_image_command() -> None:
     """Check the sandbox image: immutable ID, exact labels, non-root, no shell or npm, helpers, a hardened run."""
-    profile = _profile(_settings())
-    engine = DockerEngine()
+    settings = _settings()
+    profile = _profile(settings)
+    engine = DockerEngine(labels=settings.container_labels())
     try:
         report = verify_image(engine, profile)
     except SandboxError as error:
@@ -262,6 +268,10 @@ def reap(
         bool, typer.Option("--all", help="Remove every managed container, live sessions of running servers too.")
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Confirm --all without a prompt.")] = False,
+    tag: Annotated[
+        str | None,
+        typer.Option("--tag", help="Only the containers of servers started with this CODE_SANDBOX_TAG.", metavar="TAG"),
+    ] = None,
 ) -> None:
     """List managed sandbox containers and remove the stopped, expired and orphaned ones (exit 1 if a removal failed).
 
@@ -273,9 +283,9 @@ def reap(
         typer.echo("code-sandbox: --all removes live sandboxes too (fix: add --yes to confirm)", err=True)
         raise typer.Exit(2)
     state_dir = default_state_dir()
-    engine = DockerEngine()
+    engine = DockerEngine(labels=settings.container_labels())
     try:
-        verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime, state_dir=state_dir)
+        verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime, state_dir=state_dir, tag=tag)
         now = time.time()
         typer.echo(
             f"{'SESSION':<16}  {'PROFILE':<20}  {'AGE':>7}  {'EXPIRES IN':>10}  {'STATE':<8}  {'OWNER':<5}  ACTION"

@@ -18,7 +18,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, BinaryIO, cast
 
@@ -153,9 +153,19 @@ def _translate(code: ErrorCode, message: str) -> Generator[None]:
 class DockerEngine:
     """A lazily connected Docker client. Safe to share between threads (requests pools connections)."""
 
-    def __init__(self, *, timeout: int = 60) -> None:
+    def __init__(
+        self, *, timeout: int = 60, labels: Mapping[str, str] | None = None, base_url: str | None = None
+    ) -> None:
+        self.base_url = base_url
+        """The daemon's address (``unix:///path/docker.sock``); ``None`` reads ``DOCKER_HOST`` and the rest of the
+        environment, as the docker CLI does."""
         self.timeout = timeout
         """Seconds one API call may take; a container may start this long after its create call began."""
+        self.labels: Mapping[str, str] = dict(labels or {})
+        """Added to every container this engine creates (the ``CODE_SANDBOX_TAG`` setting; the tests' run label)."""
+        self.verified_images: set[tuple[str, str]] = set()
+        """``(profile, image ID)`` pairs that passed ``verify_image`` on this engine. An image ID is a hash of the
+        image's content, so a pass holds for as long as the ID exists; a retagged image has a new ID."""
         # Any, not docker.APIClient: the SDK's stubs leave many returns unknown, which strict pyright rejects
         # everywhere they flow. This module casts each answer to the shape it reads instead.
         self._api: Any = None
@@ -166,7 +176,11 @@ class DockerEngine:
         with self._lock:
             if self._api is None:
                 try:
-                    client = docker.from_env(timeout=self.timeout)
+                    client = (
+                        docker.from_env(timeout=self.timeout)
+                        if self.base_url is None
+                        else docker.DockerClient(base_url=self.base_url, timeout=self.timeout)
+                    )
                 except (docker.errors.DockerException, *_TRANSPORT_ERRORS):
                     raise unavailable() from None
                 self._api = client.api
@@ -276,6 +290,8 @@ class DockerEngine:
         """
         api = self.api()
         container_id: str | None = None
+        if self.labels:
+            request = replace(request, labels={**request.labels, **self.labels})
         create_kwargs, host_kwargs = build_create_arguments(request, start=start)
         try:
             with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
@@ -349,10 +365,11 @@ class DockerEngine:
         with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the Docker engine could not inspect a sandbox"):
             return cast(dict[str, Any], self.api().inspect_container(container_id))
 
-    def list_containers(self, label: str) -> list[ContainerFacts]:
-        """Every container (running or not) that carries ``label`` (``key`` or ``key=value``)."""
+    def list_containers(self, label: str, *more_labels: str) -> list[ContainerFacts]:
+        """Every container (running or not) that carries every label given (``key`` or ``key=value``)."""
+        filters = {"label": [label, *more_labels]}
         with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the Docker engine could not list sandboxes"):
-            rows = cast(list[dict[str, Any]], self.api().containers(all=True, filters={"label": label}))
+            rows = cast(list[dict[str, Any]], self.api().containers(all=True, filters=filters))
         return [
             ContainerFacts(
                 id=str(row["Id"]),

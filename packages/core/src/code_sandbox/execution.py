@@ -19,7 +19,6 @@ import base64
 import binascii
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -108,7 +107,7 @@ async def run_entrypoint(
     runner_argv = manager.profile.helper_argv("runner")
     async with manager.lease(session_id) as session:
         # Never run past the sandbox's own lifetime: its watchdog would kill the run mid-way.
-        remaining = int(session.deadline - time.monotonic())
+        remaining = int(session.deadline - manager.clock())
         if remaining < 1:
             raise SandboxError(ErrorCode.SESSION_EXPIRED, "this sandbox reached its lifetime; create a new one")
         timeout = min(timeout, remaining)

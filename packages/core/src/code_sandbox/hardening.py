@@ -34,6 +34,7 @@ LABEL_PROFILE = LABEL_PREFIX + "profile"
 LABEL_EXPIRES_AT = LABEL_PREFIX + "expires-at"
 LABEL_SESSION = LABEL_PREFIX + "session"  # the session's hash, or "pool" for a warm container
 LABEL_UID = LABEL_PREFIX + "uid"  # the sandbox uid; no two live containers on one engine may share it
+LABEL_TAG = LABEL_PREFIX + "tag"  # the operator's CODE_SANDBOX_TAG, when set
 
 ENVIRONMENT: Mapping[str, str] = {
     "PATH": "/usr/local/bin",

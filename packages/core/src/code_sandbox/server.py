@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
+from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -149,7 +150,14 @@ def _run_counts(counts: Counts, result: RunResult) -> None:
 class SandboxServer(MCPServer[None]):
     """The code-sandbox MCP server for one profile."""
 
-    def __init__(self, settings: Settings, profile: Profile, *, engine: DockerEngine | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        profile: Profile,
+        *,
+        engine: DockerEngine | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
         info = profile.info
         self.execute_tool_name = "execute_" + info.run_tool_name.removeprefix("run_")
         words = {
@@ -170,9 +178,9 @@ class SandboxServer(MCPServer[None]):
         )
         self.settings = settings
         self.profile = profile
-        self.engine = engine or DockerEngine()
+        self.engine = engine or DockerEngine(labels=settings.container_labels())
         self.manager = SessionManager(self.engine, profile, settings)
-        self.state_dir = default_state_dir()
+        self.state_dir = state_dir or default_state_dir()
         self.audit = AuditLog(settings.audit_log, enabled=settings.audit_enabled)
         run_model, execute_model = run_input_models(
             entrypoint_suffixes=info.entrypoint_suffixes,

@@ -104,14 +104,23 @@ class Session:
 class SessionManager:
     """Owns every session of this server process."""
 
-    def __init__(self, engine: DockerEngine, profile: Profile, settings: Settings, *, owner: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: DockerEngine,
+        profile: Profile,
+        settings: Settings,
+        *,
+        owner: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.engine = engine
+        self.clock = clock
+        """Seconds on a monotonic clock; idle timeouts, lifetimes and the pool's deadlines are measured with it."""
         self.profile = profile
         self.settings = settings
         self.owner = owner or secrets.token_hex(8)
         """This server process (its liveness marker's token, :mod:`code_sandbox.liveness`); labels its containers."""
         self._sessions: dict[str, Session] = {}
-        self._verified_image: str | None = None
         self._image_lock = anyio.Lock()
         self._pool: list[_Pooled] = []
         self._warming: set[str] = set()  # created for the pool, not yet ready
@@ -143,14 +152,14 @@ class SessionManager:
         session = self._find(session_id)
         async with session.lock:
             session = self._find(session_id)  # it may have been destroyed while we waited
-            if self._expired(session, time.monotonic()):
+            if self._expired(session, self.clock()):
                 await self._destroy_quietly(session)
                 raise SandboxError(ErrorCode.SESSION_EXPIRED, "this sandbox expired and has been destroyed")
-            session.last_used = time.monotonic()
+            session.last_used = self.clock()
             try:
                 yield session
             finally:
-                session.last_used = time.monotonic()
+                session.last_used = self.clock()
 
     # -- create -------------------------------------------------------------------------------------------------
 
@@ -163,7 +172,7 @@ class SessionManager:
             )
         session_id = secrets.token_urlsafe(32)
         # Reserve the slot before the first await, so concurrent creates cannot pass the cap together.
-        self._sessions[session_id] = Session(session_id, "", 0.0, 0.0, time.monotonic(), state="destroying")
+        self._sessions[session_id] = Session(session_id, "", 0.0, 0.0, self.clock(), state="destroying")
         lifetime = self.settings.max_lifetime
         try:
             # Shielded: a cancellation must not lose the ID of a container that was created (or claimed) anyway.
@@ -174,7 +183,7 @@ class SessionManager:
         except BaseException:
             self._sessions.pop(session_id, None)
             raise
-        now_wall, now = time.time(), time.monotonic()
+        now_wall, now = time.time(), self.clock()
         session = Session(session_id, container_id, now_wall + lifetime, now + lifetime, now, uid)
         self._sessions[session_id] = session
         try:
@@ -254,7 +263,7 @@ class SessionManager:
         while self._pool:
             pooled = self._pool.pop(0)
             self._pool_changed.set()
-            if time.monotonic() >= pooled.usable_until:
+            if self.clock() >= pooled.usable_until:
                 await self._discard(pooled.container_id)
                 continue
             try:
@@ -265,14 +274,18 @@ class SessionManager:
             return pooled.container_id, pooled.uid
         return None
 
-    async def run_pool(self) -> None:
-        """Keep ``warm_pool`` started containers ready, refilling in the background; never blocks a call."""
+    async def run_pool(self, retry_seconds: float = POOL_RETRY_SECONDS) -> None:
+        """Keep ``warm_pool`` started containers ready, refilling in the background; never blocks a call.
+
+        Woken by every change to the pool, and at least every ``retry_seconds`` to retry a failed refill and to
+        replace warm containers that are about to go stale.
+        """
         target = self.settings.warm_pool
         if target == 0:
             return
         pool_seconds = self.settings.max_lifetime
         while True:
-            now = time.monotonic()
+            now = self.clock()
             for stale in [p for p in self._pool if now >= p.usable_until]:
                 self._pool.remove(stale)
                 await self._discard(stale.container_id)
@@ -282,7 +295,7 @@ class SessionManager:
             except SandboxError as error:
                 logger.warning("the warm pool could not be refilled (%s); retrying", error.code)
             self._pool_changed = anyio.Event()
-            with anyio.move_on_after(POOL_RETRY_SECONDS):
+            with anyio.move_on_after(retry_seconds):
                 await self._pool_changed.wait()
 
     async def _add_warm_container(self, pool_seconds: int) -> None:
@@ -304,7 +317,7 @@ class SessionManager:
             if not ready:
                 raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "a warm container did not get ready")
             return
-        self._pool.append(_Pooled(container_id, uid, time.monotonic() + pool_seconds - POOL_MARGIN_SECONDS))
+        self._pool.append(_Pooled(container_id, uid, self.clock() + pool_seconds - POOL_MARGIN_SECONDS))
         self._pool_changed.set()
 
     async def _watchdog_ready(self, container_id: str, uid: int) -> bool:
@@ -342,12 +355,13 @@ class SessionManager:
         facts = await self._run(self.engine.image_facts, spec.tag)
         if facts is None:
             raise _image_invalid()
+        verified = (self.profile.name, facts.id)
         async with self._image_lock:
-            if self._verified_image != facts.id:
+            if verified not in self.engine.verified_images:
                 report = await self._run(verify_image, self.engine, self.profile)
                 if not report.passed or report.image is None or report.image.id != facts.id:
                     raise _image_invalid()
-                self._verified_image = facts.id
+                self.engine.verified_images.add(verified)
         return facts.id
 
     # -- destroy ------------------------------------------------------------------------------------------------
@@ -421,7 +435,7 @@ class SessionManager:
 
     async def reap_once(self) -> int:
         """Destroy expired and idle sessions and retry failed removals. Returns how many were removed."""
-        now = time.monotonic()
+        now = self.clock()
         removed = 0
         for session in list(self._sessions.values()):
             if not session.container_id:

@@ -7,11 +7,13 @@ anything, with one line naming the variable and its allowed range (never the val
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hardening import LABEL_TAG
 
 _PREFIX = "CODE_SANDBOX_"
 
@@ -24,6 +26,8 @@ class _IntSetting:
     default: int
     unit: str
 
+
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 _INT_SETTINGS = (
     _IntSetting("max_lifetime", 30, 3600, 600, "seconds"),
@@ -53,6 +57,12 @@ class Settings:
     audit_enabled: bool = True
     audit_log: Path | None = None
     profile: str | None = None
+    tag: str | None = None
+    """Labels every container this server makes, e.g. with the client's name (``io.code-sandbox.tag=<tag>``)."""
+
+    def container_labels(self) -> dict[str, str]:
+        """The labels this operator asked for on every container (:attr:`DockerEngine.labels`)."""
+        return {LABEL_TAG: self.tag} if self.tag is not None else {}
 
 
 class SettingsError(SandboxError):
@@ -105,6 +115,12 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
     profile = env.get(env_name("profile")) or None
 
+    tag = env.get(env_name("tag"))
+    if tag is not None and _TAG.fullmatch(tag) is None:
+        raise SettingsError(
+            env_name("tag"), "must be 1 to 63 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+
     if ints["default_timeout"] > ints["max_timeout"]:
         raise SettingsError(env_name("default_timeout"), f"must not exceed {env_name('max_timeout')}")
     if ints["idle_timeout"] > ints["max_lifetime"]:
@@ -119,4 +135,5 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         audit_enabled=audit_raw == "true",
         audit_log=audit_log,
         profile=profile,
+        tag=tag,
     )

@@ -15,7 +15,7 @@ from typing import Literal
 
 from code_sandbox.engine import ContainerFacts, DockerEngine
 from code_sandbox.errors import SandboxError
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER
+from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER, LABEL_TAG
 from code_sandbox.liveness import owner_alive as marker_alive
 from code_sandbox.liveness import prune_stopped_servers
 
@@ -83,23 +83,28 @@ def judge_container(
     return decide(False, "no expiry label, younger than the maximum lifetime")
 
 
-def survey_managed(engine: DockerEngine, *, max_lifetime: int, state_dir: Path | None = None) -> list[Verdict]:
+def survey_managed(
+    engine: DockerEngine, *, max_lifetime: int, state_dir: Path | None = None, tag: str | None = None
+) -> list[Verdict]:
     """Judge every managed container on this Docker engine.
 
     :param state_dir: where servers record their liveness (:func:`code_sandbox.liveness.default_state_dir`); ``None``
         treats every owner as unknown.
+    :param tag: judge only the containers of servers with this ``CODE_SANDBOX_TAG``.
     """
     now = time.time()
-    containers = engine.list_containers(f"{LABEL_MANAGED}=true")  # before the liveness checks, never after
+    labels = [f"{LABEL_MANAGED}=true", *([f"{LABEL_TAG}={tag}"] if tag is not None else [])]
+    containers = engine.list_containers(*labels)  # before the liveness checks, never after
     owner_alive = _cached_liveness(state_dir) if state_dir is not None else _unknown
     return [judge_container(c, max_lifetime=max_lifetime, now=now, owner_alive=owner_alive) for c in containers]
 
 
 def sweep_managed(
-    engine: DockerEngine, *, max_lifetime: int, state_dir: Path | None = None
+    engine: DockerEngine, *, max_lifetime: int, state_dir: Path | None = None, tag: str | None = None
 ) -> tuple[list[Verdict], int]:
-    """Remove the stopped, expired and orphaned managed containers. Returns the verdicts and the failed removals."""
-    verdicts = survey_managed(engine, max_lifetime=max_lifetime, state_dir=state_dir)
+    """Remove the stopped, expired and orphaned managed containers (only those tagged ``tag``, when given).
+    Returns the verdicts and the failed removals."""
+    verdicts = survey_managed(engine, max_lifetime=max_lifetime, state_dir=state_dir, tag=tag)
     failures = 0
     removed: set[str] = set()
     for verdict in verdicts:
