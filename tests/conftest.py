@@ -1,29 +1,129 @@
-"""Shared fixtures. Docker tests never skip in CI: with ``CI=true`` an unreachable engine fails them."""
+"""Shared fixtures and the run's bookkeeping. Docker tests never skip in CI: with ``CI=true`` an unreachable engine
+fails them.
+
+The suite runs in parallel (pytest-xdist). Each worker tags what it creates (:mod:`tests.support.run`) and removes
+only that; a test marked ``serial`` waits until no other test runs and holds every other worker off while it runs.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
-from code_sandbox.hardening import LABEL_MANAGED
+from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 
+from tests.support.run import (
+    RUN_DIR_ENV,
+    RUN_ENV,
+    containers_of_run,
+    hold_test_slot,
+    live_children,
+    new_run_id,
+    remove_tagged,
+    run_id,
+    stray_files,
+    worker_tag,
+)
+
+
+def _start_run() -> None:
+    """In the controller (or the only process), before anything else: choose the run's id and its directory.
+
+    Workers inherit both through the environment. Every temporary file of the run, pytest's tmp_path included, goes
+    under that one directory (``TMPDIR``), so the final check sees what the run and the code under test left there
+    without looking at the rest of /tmp.
+    """
+    if RUN_ENV in os.environ:
+        return
+    os.environ[RUN_ENV] = new_run_id()
+    run_dir = tempfile.mkdtemp(prefix=f"code-sandbox-{run_id()}-")
+    os.environ[RUN_DIR_ENV] = run_dir
+    os.environ["TMPDIR"] = run_dir
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+_start_run()  # at import, so that WORKER_TAG below already names this run
+WORKER_TAG = worker_tag()
 TEST_LABEL = "io.code-sandbox.test"
-# What /tmp held before any test ran; the final check shows that the suite added nothing outside its own dirs.
-TMP_SNAPSHOT = frozenset(entry.name for entry in Path("/tmp").iterdir())
+pytest_plugins = ["tests.support.second_engine"]  # the ``second_engine`` fixture
+
+
+# -- the run ------------------------------------------------------------------------------------------------------
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Twice the cores: most tests wait on the Docker engine, not on a CPU."""
+    del config
+    return 2 * (os.cpu_count() or 1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Serial tests last: by then most workers are done, so holding them off costs little."""
+    items.sort(key=lambda item: item.get_closest_marker("serial") is not None)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After every worker is done: nothing this run created is left on the engine or in the run's directory."""
+    if hasattr(session.config, "workerinput"):
+        return
+    problems: list[str] = []
+    engine = DockerEngine()
+    try:
+        leftovers = containers_of_run(engine, run_id())
+    except SandboxError:
+        leftovers = []  # no engine: the Docker tests said so already
+    for container in leftovers:
+        problems.append(f"container tagged {container.labels[LABEL_TAG]} ({container.state}) outlived the run")
+        with contextlib.suppress(SandboxError):
+            engine.remove_container(container.id)
+    engine.close()
+    run_dir = Path(os.environ[RUN_DIR_ENV])
+    problems += [f"temporary file left in the run's directory: {name}" for name in stray_files(run_dir)]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if problems:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter is not None:
+            reporter.section("left behind by this run", sep="=", red=True)
+            for problem in problems:
+                reporter.line(problem)
+            reporter.line(f"the run's temporary directory is kept: {run_dir}")
+    elif exitstatus == 0:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    elif reporter is not None:
+        reporter.line(f"the run's temporary directory is kept: {run_dir}")
+
+
+@pytest.fixture(autouse=True)
+def _serial_gate(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under xdist, a ``serial`` test waits until no other test runs, and no other test starts until it is done."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    with hold_test_slot(Path(os.environ[RUN_DIR_ENV]), serial=request.node.get_closest_marker("serial") is not None):
+        yield
+
+
+# -- the engine and the image -------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[DockerEngine]:
-    engine = DockerEngine()
+    """The Docker engine; every container made through it carries this worker's tag.
+
+    At the end of the worker's session, a container still tagged for it is an error (and is removed).
+    """
+    engine = DockerEngine(labels={LABEL_TAG: WORKER_TAG})
     try:
         engine.ping()
     except SandboxError:
@@ -31,14 +131,15 @@ def engine() -> Iterator[DockerEngine]:
             pytest.fail("CI=true and the Docker engine is unreachable: Docker tests must run in CI")
         pytest.skip("no reachable Docker engine (set CI=true to make this a failure)")
     yield engine
-    _remove_labelled(engine, TEST_LABEL)
+    left = remove_tagged(engine, WORKER_TAG)
     engine.close()
+    assert left == 0, f"{left} container(s) of this worker outlived their tests"
 
 
-def _remove_labelled(engine: DockerEngine, label: str) -> None:
-    for container in engine.list_containers(label):
-        with contextlib.suppress(SandboxError):
-            engine.remove_container(container.id)
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_outlives_the_worker() -> Iterator[None]:
+    yield
+    assert live_children(os.getpid()) == [], "a process started by a test outlived it"
 
 
 @pytest.fixture(scope="session")
@@ -55,14 +156,15 @@ def image_id(engine: DockerEngine, profile: Profile) -> str:
         report = verify_image(engine, profile)
     assert report.passed, [check for check in report.checks if not check.passed]
     assert report.image is not None
+    engine.verified_images.add((profile.name, report.image.id))  # every manager on this engine may trust it
     return report.image.id
 
 
 @pytest.fixture
 def cleanup_managed(engine: DockerEngine) -> Iterator[None]:
-    """Remove every managed container a test leaves behind, even when it fails."""
+    """Remove the containers a test of this worker leaves behind, even when it fails; nobody else's."""
     yield
-    _remove_labelled(engine, LABEL_MANAGED)
+    remove_tagged(engine, WORKER_TAG)
 
 
 @pytest.fixture

@@ -35,6 +35,6 @@ def test_every_promise_in_security_md_names_tests_that_exist() -> None:
 def test_the_readme_settings_table_lists_every_setting() -> None:
     readme = (ROOT / "README.md").read_text()
     settings = (ROOT / "packages/core/src/code_sandbox/settings.py").read_text()
-    fields = [*re.findall(r'_IntSetting\("(\w+)"', settings), "audit_enabled", "audit_log", "profile"]
+    fields = [*re.findall(r'_IntSetting\("(\w+)"', settings), "audit_enabled", "audit_log", "profile", "tag"]
     for field in fields:
         assert f"`CODE_SANDBOX_{field.upper()}`" in readme, field

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 import pytest
+from code_sandbox import execution
 from code_sandbox.engine import DockerEngine, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.execution import HOST_GRACE_SECONDS, RunResult, run_entrypoint
+from code_sandbox.plugins import Profile
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import list_files, write_files
@@ -29,8 +31,12 @@ console.log(mine.length);
 
 
 @pytest.fixture
-def settings_for_short_life() -> Settings:
-    return Settings(max_lifetime=8, idle_timeout=8, max_sessions=4, default_timeout=5, max_timeout=60)
+async def manager(engine: DockerEngine, profile: Profile, image_id: str) -> AsyncIterator[SessionManager]:
+    """The shared ``manager`` fixture's settings, without verifying the image again for every test."""
+    settings = Settings(max_sessions=4, default_timeout=10, max_timeout=60)
+    manager = SessionManager(engine, profile, settings)
+    yield manager
+    await manager.shutdown()
 
 
 @pytest.fixture
@@ -74,8 +80,10 @@ async def test_a_program_killed_by_a_signal_reports_it(manager: SessionManager, 
 
 async def test_a_busy_loop_times_out_at_its_deadline(manager: SessionManager, session: Session) -> None:
     started = time.monotonic()
-    result = await run(manager, session, "for(;;){}", timeout=2)
-    assert time.monotonic() - started < 4
+    result = await run(manager, session, "for(;;){}", timeout=1)
+    # Killed by the runner at its deadline (measured in the container), long before the host's backstop.
+    assert 1000 <= result.duration_ms < 2000, result.duration_ms
+    assert time.monotonic() - started < 1 + HOST_GRACE_SECONDS
     assert result.timed_out is True and result.termination_reason == "timed_out"
     assert (await run(manager, session, "console.log('next')")).stdout == "next\n"  # the session is still usable
 
@@ -116,32 +124,6 @@ async def test_arguments_reach_the_program_verbatim_without_a_shell(manager: Ses
     assert json.loads(result.stdout) == arguments
 
 
-@pytest.mark.parametrize(
-    "spawn_options",
-    [
-        "{detached: true, stdio: 'inherit'}",
-        "{detached: true, stdio: 'ignore'}",
-        "{stdio: 'inherit'}",
-        "{stdio: 'ignore'}",
-    ],
-    ids=["setsid-holding-stdout", "setsid-silent", "unref-holding-stdout", "unref-silent"],
-)
-async def test_detached_children_are_killed_and_the_run_returns_promptly(
-    manager: SessionManager, session: Session, spawn_options: str
-) -> None:
-    source = (
-        "const {spawn} = require('child_process');"
-        f"spawn(process.execPath, ['-e', 'setInterval(() => console.log(1), 100)'], {spawn_options}).unref();"
-        "console.log('parent done');"
-    )
-    started = time.monotonic()
-    result = await run(manager, session, source)
-    assert time.monotonic() - started < 3
-    assert result.exit_code == 0 and result.stdout.startswith("parent done")
-    assert result.leftover_processes_killed >= 1
-    assert (await run(manager, session, COUNT_LEFTOVERS, name="count.js")).stdout == "0\n"
-
-
 async def test_the_largest_allowed_arguments_reach_the_program(manager: SessionManager, session: Session) -> None:
     # 32 arguments of 4096 bytes are more than the kernel allows in one argv string; requests go over stdin.
     arguments = [chr(0x41 + i % 26) * 4096 for i in range(31)] + ["ж" * 2048]
@@ -152,11 +134,12 @@ async def test_the_largest_allowed_arguments_reach_the_program(manager: SessionM
 
 
 async def test_a_run_near_the_end_of_the_lifetime_times_out_instead_of_failing(
-    manager: SessionManager, settings_for_short_life: Settings
+    manager: SessionManager, session: Session
 ) -> None:
-    manager.settings = settings_for_short_life
-    session = await manager.create()
-    await anyio.sleep(settings_for_short_life.max_lifetime - 3)
+    # The host cuts a run's timeout to what is left of the session's lifetime (``Session.deadline``, host-side),
+    # so the run ends before the container's watchdog, which fires a grace period after that deadline. The cut is
+    # the host's alone: the session is moved to 3 s before its deadline instead of being waited through.
+    session.deadline = manager.clock() + 3
     result = await run(manager, session, "setTimeout(() => {}, 60000)", timeout=20)
     assert result.timed_out is True and result.duration_ms < 4000
 
@@ -201,19 +184,27 @@ async def test_a_cancelled_run_frees_the_session_quickly_and_others_are_served(
     manager: SessionManager, session: Session
 ) -> None:
     other = await manager.create()
-    await write_files(manager, session.id, [("slow.js", "setTimeout(() => {}, 60000)")], overwrite=False)
+    source = "console.log('running'); setTimeout(() => {}, 60000)"
+    await write_files(manager, session.id, [("slow.js", source)], overwrite=False)
     served_during: list[float] = []
     freed_after: list[float] = []
+    running = anyio.Event()
+
+    async def on_output(stream: str, data: bytes) -> None:
+        del stream, data
+        running.set()
 
     async def cancelled_run(scope: anyio.CancelScope) -> None:
         with scope:
-            await run_entrypoint(manager, session.id, "slow.js", [], timeout_seconds=60)
+            await run_entrypoint(manager, session.id, "slow.js", [], timeout_seconds=60, output=on_output)
 
     scope = anyio.CancelScope()
     cancelled_at = float("inf")
     async with anyio.create_task_group() as group:
         group.start_soon(cancelled_run, scope)
-        await anyio.sleep(1)
+        with anyio.fail_after(30):
+            await running.wait()
+        # The run lasts 60 s; "quickly" is anything far below that, however loaded the machine.
         started = time.monotonic()
         await list_files(manager, other.id, ".", recursive=True, max_depth=1)
         served_during.append(time.monotonic() - started)
@@ -221,37 +212,38 @@ async def test_a_cancelled_run_frees_the_session_quickly_and_others_are_served(
         scope.cancel()
     await list_files(manager, session.id, ".", recursive=True, max_depth=1)  # needs the session's lease
     freed_after.append(time.monotonic() - cancelled_at)
-    assert freed_after[0] < 2, freed_after
-    assert served_during[0] < 1, served_during
+    assert freed_after[0] < 10, freed_after
+    assert served_during[0] < 10, served_during
     assert (await run(manager, session, COUNT_LEFTOVERS, name="count.js")).stdout == "0\n"
 
 
 async def test_runs_in_two_sessions_overlap_in_time(manager: SessionManager, session: Session) -> None:
     other = await manager.create()
-    spans: dict[str, tuple[float, float]] = {}
+    spans: list[list[int]] = []
 
     async def timed(target: Session) -> None:
-        started = time.monotonic()
-        await run(manager, target, "const t=Date.now(); while(Date.now()-t<1500){}")
-        spans[target.id] = (started, time.monotonic())
+        # Each program reports when it ran, on the clock that every container shares with the host.
+        result = await run(manager, target, "const t=Date.now(); while(Date.now()-t<3000){} console.log(t, Date.now())")
+        spans.append([int(part) for part in result.stdout.split()])
 
     async with anyio.create_task_group() as group:
         group.start_soon(timed, session)
         group.start_soon(timed, other)
-    (a_start, a_end), (b_start, b_end) = spans.values()
-    assert a_start < b_end and b_start < a_end  # the intervals intersect
-    assert max(a_end, b_end) - min(a_start, b_start) < 2 * 1.5  # not one after the other
+    (a_start, a_end), (b_start, b_end) = spans
+    assert a_start < b_end and b_start < a_end  # the intervals intersect: not one after the other
 
 
 async def test_a_runner_that_stops_answering_is_caught_by_the_host_deadline(
-    manager: SessionManager, session: Session
+    manager: SessionManager, session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # User code shares the runner's uid, so it can stop it: the host's safety net must destroy the sandbox.
+    # User code shares the runner's uid, so it can stop it: the host's safety net must destroy the sandbox. How long
+    # the host waits past the run's deadline is not the subject here, so it waits 1 s instead of its usual grace.
+    monkeypatch.setattr(execution, "HOST_GRACE_SECONDS", 1.0)
     started = time.monotonic()
     with pytest.raises(SandboxError) as caught:
         await run(manager, session, "process.kill(process.ppid, 'SIGSTOP'); setTimeout(() => {}, 60000)", timeout=1)
     assert caught.value.code == ErrorCode.TIMEOUT
-    assert time.monotonic() - started < 1 + 5 + 3
+    assert time.monotonic() - started < 1 + 1 + 3
     assert manager.engine.container_facts(session.container_id) is None
 
 

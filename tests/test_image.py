@@ -4,17 +4,59 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import pytest
 from code_sandbox.engine import DockerEngine
+from code_sandbox.hookspecs import HelperKind, ImageSpec, ProfileInfo, hookimpl
 from code_sandbox.image import verify_image
-from code_sandbox.plugins import Profile
+from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
+
+from tests.support.run import worker_tag
 
 pytestmark = pytest.mark.docker
 
-Build = Callable[..., None]
-BACKUP_TAG = "code-sandbox-test-backup:good"
+
+class OwnTagProfile:
+    """The installed profile under another name, whose image spec names a tag of the test's own: verification
+    then looks at what the test built, and the shared image and its allowlisted tag stay untouched."""
+
+    def __init__(self, base: Profile, tag: str) -> None:
+        self.base = base
+        self.tag = tag
+
+    @hookimpl
+    def code_sandbox_profile_info(self) -> ProfileInfo:
+        return replace(self.base.info, name=f"{self.base.name}-own-tag")
+
+    @hookimpl
+    def code_sandbox_image_spec(self) -> ImageSpec:
+        return replace(self.base.image_spec(), tag=self.tag)
+
+    @hookimpl
+    def code_sandbox_helper_argv(self, helper: HelperKind) -> list[str]:
+        return self.base.helper_argv(helper)
+
+
+@dataclass
+class Variant:
+    """Variants of the good image, built under a tag of this worker's own and checked with :class:`OwnTagProfile`."""
+
+    engine: DockerEngine
+    profile: Profile
+    good_image: str
+
+    def build(self, dockerfile_tail: str, files: dict[str, bytes] | None = None) -> None:
+        dockerfile = f"FROM {self.good_image}\n{dockerfile_tail}\n"
+        tag = self.profile.image_spec().tag
+        # One instruction after FROM and no build labels: one image, no intermediate ones left behind.
+        self.engine.build_image(_context(dockerfile, files or {}), tag=tag, labels={}, on_step=lambda _step: None)
+
+    def failed_checks(self) -> set[str]:
+        report = verify_image(self.engine, self.profile)
+        assert not report.passed
+        return {check.name for check in report.checks if not check.passed}
 
 
 def _context(dockerfile: str, files: dict[str, bytes]) -> io.BytesIO:
@@ -30,25 +72,15 @@ def _context(dockerfile: str, files: dict[str, bytes]) -> io.BytesIO:
 
 
 @pytest.fixture
-def tampered(engine: DockerEngine, profile: Profile, image_id: str) -> Iterator[Build]:
-    """Build a variant of the good image under the allowlisted tag; put the good image back afterwards."""
-    tag = profile.image_spec().tag
-
-    def build(dockerfile_tail: str, files: dict[str, bytes] | None = None) -> None:
-        dockerfile = f"FROM {image_id}\n{dockerfile_tail}\n"
-        engine.build_image(_context(dockerfile, files or {}), tag=tag, labels={}, on_step=lambda _step: None)
-
-    engine.tag_image(image_id, BACKUP_TAG)
-    yield build
-    engine.tag_image(image_id, tag)
-    engine.untag_image(BACKUP_TAG)
-    assert verify_image(engine, profile).passed
-
-
-def _failed(engine: DockerEngine, profile: Profile) -> set[str]:
-    report = verify_image(engine, profile)
-    assert not report.passed
-    return {check.name for check in report.checks if not check.passed}
+def variant(engine: DockerEngine, profile: Profile, image_id: str) -> Iterator[Variant]:
+    """Nothing is built under the test's tag until the test builds it; afterwards the tag and the variant are gone."""
+    tag = f"code-sandbox-test-variant:{worker_tag()}"
+    own = select_profile(create_plugin_manager(load_entry_points=False, plugins=[OwnTagProfile(profile, tag)]), None)
+    assert engine.image_facts(tag) is None, f"{tag} is left from an earlier test"
+    yield Variant(engine, own, image_id)
+    # Removing a variant's last tag removes the variant (not its parent, the good image); it fails while a
+    # container still uses it. Another run's identical variant (the build cache) goes with that run's tag.
+    engine.untag_image(tag)
 
 
 def test_the_offline_image_passes_verification_and_stays_small(
@@ -62,37 +94,30 @@ def test_the_offline_image_passes_verification_and_stays_small(
     assert report.image.size < 130 * 1000 * 1000
 
 
-def test_verify_fails_on_a_wrong_label(engine: DockerEngine, profile: Profile, tampered: Build) -> None:
-    tampered('LABEL io.code-sandbox.runtime-version="0.9.9"')
-    assert _failed(engine, profile) == {"labels"}
+def test_verify_fails_on_a_wrong_label(variant: Variant) -> None:
+    variant.build('LABEL io.code-sandbox.runtime-version="0.9.9"')
+    assert variant.failed_checks() == {"labels"}
 
 
-def test_verify_fails_on_a_changed_helper(engine: DockerEngine, profile: Profile, tampered: Build) -> None:
-    tampered("COPY runner.mjs /opt/sandbox/runner.mjs", {"runner.mjs": b"process.exit(0)\n"})
-    assert _failed(engine, profile) == {"helpers match containers/"}
+def test_verify_fails_on_a_changed_helper(variant: Variant) -> None:
+    variant.build("COPY runner.mjs /opt/sandbox/runner.mjs", {"runner.mjs": b"process.exit(0)\n"})
+    assert variant.failed_checks() == {"helpers match containers/"}
 
 
-def test_verify_fails_when_a_shell_is_present(engine: DockerEngine, profile: Profile, tampered: Build) -> None:
-    tampered("COPY sh /bin/sh", {"sh": b"\x7fELF not really a shell"})
-    assert _failed(engine, profile) == {"no shell or package manager"}
+def test_verify_fails_when_a_shell_is_present(variant: Variant) -> None:
+    variant.build("COPY sh /bin/sh", {"sh": b"\x7fELF not really a shell"})
+    assert variant.failed_checks() == {"no shell or package manager"}
 
 
-def test_verify_fails_when_npm_is_present(engine: DockerEngine, profile: Profile, tampered: Build) -> None:
-    tampered("COPY npm /usr/local/lib/node_modules/npm/bin/npm", {"npm": b"#!/usr/bin/env node\n"})
-    assert _failed(engine, profile) == {"no shell or package manager"}
+def test_verify_fails_when_npm_is_present(variant: Variant) -> None:
+    variant.build("COPY npm /usr/local/lib/node_modules/npm/bin/npm", {"npm": b"#!/usr/bin/env node\n"})
+    assert variant.failed_checks() == {"no shell or package manager"}
 
 
-def test_verify_fails_for_a_root_user(engine: DockerEngine, profile: Profile, tampered: Build) -> None:
-    tampered("USER 0:0")
-    assert "non-root user" in _failed(engine, profile)
+def test_verify_fails_for_a_root_user(variant: Variant) -> None:
+    variant.build("USER 0:0")
+    assert "non-root user" in variant.failed_checks()
 
 
-def test_verify_reports_a_missing_image(engine: DockerEngine, profile: Profile, image_id: str) -> None:
-    tag = profile.image_spec().tag
-    engine.tag_image(image_id, BACKUP_TAG)  # keeps the image alive while its allowlisted tag is gone
-    engine.untag_image(tag)
-    try:
-        assert _failed(engine, profile) == {"image present"}
-    finally:
-        engine.tag_image(image_id, tag)
-        engine.untag_image(BACKUP_TAG)
+def test_verify_reports_a_missing_image(variant: Variant) -> None:
+    assert variant.failed_checks() == {"image present"}  # nothing is built under the test's tag

@@ -2,35 +2,52 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncGenerator
+from functools import partial
 
 import anyio
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.execution import run_entrypoint
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, ContainerRequest
+from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, user_of
+from code_sandbox.helpers import call_helper
 from code_sandbox.plugins import Profile
-from code_sandbox.sessions import CLAIM_SIGNAL, SessionManager
+from code_sandbox.protocol import ReadyAnswer
+from code_sandbox.sessions import CLAIM_SIGNAL, POOL_MARGIN_SECONDS, POOL_RETRY_SECONDS, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import write_files
 
 from tests.conftest import TEST_LABEL
+from tests.support.clock import FakeClock
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
+SETTINGS = Settings(max_sessions=3, warm_pool=1)
+USABLE_SECONDS = SETTINGS.max_lifetime - POOL_MARGIN_SECONDS
+"""How long after it is ready a warm container may be handed out."""
+
+
+@contextlib.asynccontextmanager
+async def filled_pool(
+    manager: SessionManager, *, retry_seconds: float = POOL_RETRY_SECONDS
+) -> AsyncGenerator[SessionManager]:
+    """Run the manager's pool filler until the pool is full and the block ends; then shut the manager down."""
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(partial(manager.run_pool, retry_seconds))
+            with anyio.fail_after(30):
+                await manager.wait_for_pool()
+            yield manager
+            group.cancel_scope.cancel()
+    finally:
+        await manager.shutdown()
 
 
 @pytest.fixture
 async def pooled_manager(engine: DockerEngine, profile: Profile, image_id: str) -> AsyncGenerator[SessionManager]:
-    del image_id
-    manager = SessionManager(engine, profile, Settings(max_sessions=3, warm_pool=1))
-    async with anyio.create_task_group() as group:
-        group.start_soon(manager.run_pool)
-        with anyio.fail_after(30):
-            await manager.wait_for_pool()
+    async with filled_pool(SessionManager(engine, profile, SETTINGS)) as manager:
         yield manager
-        group.cancel_scope.cancel()
-    await manager.shutdown()
 
 
 async def test_a_warm_container_is_handed_out_once_and_the_pool_refills(
@@ -55,6 +72,40 @@ async def test_a_warm_container_is_handed_out_once_and_the_pool_refills(
     assert warm not in pooled_manager.warm_containers  # never reused
 
 
+async def test_a_warm_container_near_the_end_of_its_pool_lifetime_is_discarded_not_handed_out(
+    engine: DockerEngine, profile: Profile, image_id: str
+) -> None:
+    clock = FakeClock()
+    manager = SessionManager(engine, profile, SETTINGS, clock=clock)
+    # The filler never wakes by itself here: only a claim looks at the warm container's age.
+    async with filled_pool(manager, retry_seconds=3600):
+        (warm,) = manager.warm_containers
+        clock.advance(USABLE_SECONDS - 1)
+        assert (await manager.create()).container_id == warm  # a second before the margin: still handed out
+        with anyio.fail_after(30):
+            await manager.wait_for_pool()
+        (stale,) = manager.warm_containers
+        clock.advance(USABLE_SECONDS)
+        session = await manager.create()
+        assert session.container_id != stale
+        assert engine.container_facts(stale) is None  # removed, not left to die by itself
+
+
+async def test_the_pool_replaces_a_warm_container_that_can_no_longer_be_handed_out(
+    engine: DockerEngine, profile: Profile, image_id: str
+) -> None:
+    clock = FakeClock()
+    manager = SessionManager(engine, profile, SETTINGS, clock=clock)
+    # The filler looks at the pool's age every 50 ms of real time instead of every few seconds.
+    async with filled_pool(manager, retry_seconds=0.05):
+        (stale,) = manager.warm_containers
+        clock.advance(USABLE_SECONDS)
+        with anyio.fail_after(30):
+            while manager.warm_containers in ((), (stale,)):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert engine.container_facts(stale) is None
+
+
 async def test_shutdown_drains_the_pool(pooled_manager: SessionManager, engine: DockerEngine) -> None:
     (warm,) = pooled_manager.warm_containers
     await pooled_manager.shutdown()
@@ -72,22 +123,43 @@ def _watchdog_container(engine: DockerEngine, profile: Profile, image_id: str, *
     return engine.create_container(request)
 
 
+def _wait_until_ready(engine: DockerEngine, profile: Profile, container: str) -> None:
+    """Poll until the container's watchdog can take its claim signal (as the pool does before handing it out)."""
+    argv = [*profile.helper_argv("runner"), "--watchdog-ready"]
+    bound = time.monotonic() + 10
+    while True:
+        answer = call_helper(engine, container, argv, user=user_of(PROBE_UID), answer=ReadyAnswer, timeout=5)
+        assert isinstance(answer, ReadyAnswer), answer
+        if answer.ready:
+            return
+        assert time.monotonic() < bound, "the watchdog never got ready"
+        time.sleep(0.02)
+
+
+def _wait_until_stopped(engine: DockerEngine, container: str, bound: float) -> float:
+    """Poll until the container no longer runs; returns when (monotonic) that was seen. Fails after ``bound``."""
+    while (facts := engine.container_facts(container)) is not None and facts.state == "running":
+        assert time.monotonic() < bound, "a watchdog container outlived its lifetime"
+        time.sleep(0.1)
+    return time.monotonic()
+
+
 def test_an_unclaimed_warm_container_dies_by_itself_and_a_claim_gives_a_full_lifetime_from_then(
     engine: DockerEngine, profile: Profile, image_id: str
 ) -> None:
-    started = time.monotonic()
-    unclaimed = _watchdog_container(engine, profile, image_id, 3, 8)
-    claimed = _watchdog_container(engine, profile, image_id, 3, 8)
-    time.sleep(2)
+    # The watchdog's own timer is the subject: real time, with lifetimes as short as the checks can tell apart.
+    pool_seconds, session_seconds, second_claim_after = 3, 6, 4
+    unclaimed = _watchdog_container(engine, profile, image_id, pool_seconds, session_seconds)
+    unclaimed_started = time.monotonic()
+    claimed = _watchdog_container(engine, profile, image_id, pool_seconds, session_seconds)
+    _wait_until_ready(engine, profile, claimed)
     engine.signal_container(claimed, CLAIM_SIGNAL)
     claimed_at = time.monotonic()
-    engine.signal_container(claimed, CLAIM_SIGNAL)  # a second claim changes nothing
-    while engine.container_facts(unclaimed) is not None:
-        assert time.monotonic() - started < 3 + 4, "an unclaimed warm container outlived its pool lifetime"
-        time.sleep(0.2)
+    _wait_until_stopped(engine, unclaimed, unclaimed_started + pool_seconds + 4)
     facts = engine.container_facts(claimed)
     assert facts is not None and facts.state == "running"  # past the pool lifetime: the claim extended it
-    while engine.container_facts(claimed) is not None:
-        assert time.monotonic() - claimed_at < 8 + 4, "a claimed container outlived its session lifetime"
-        time.sleep(0.2)
-    assert time.monotonic() - claimed_at >= 8 - 0.5  # and it had its full session lifetime from the claim
+    # A later claim changes nothing: had it restarted the lifetime, the container would live past the bound below.
+    time.sleep(max(0.0, claimed_at + second_claim_after - time.monotonic()))
+    engine.signal_container(claimed, CLAIM_SIGNAL)
+    stopped_at = _wait_until_stopped(engine, claimed, claimed_at + session_seconds + 3)
+    assert stopped_at - claimed_at >= session_seconds - 0.5  # and it had its full session lifetime from the claim

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -16,7 +14,14 @@ import pytest
 from code_sandbox import sessions
 from code_sandbox.engine import ContainerFacts, DaemonFacts, DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_UID, SANDBOX_UIDS, ContainerRequest
+from code_sandbox.hardening import (
+    LABEL_EXPIRES_AT,
+    LABEL_MANAGED,
+    LABEL_TAG,
+    LABEL_UID,
+    SANDBOX_UIDS,
+    ContainerRequest,
+)
 from code_sandbox.plugins import Profile
 from code_sandbox.sessions import Session, SessionManager, require_enforcement
 from code_sandbox.settings import Settings
@@ -24,7 +29,9 @@ from code_sandbox.sweep import judge_container, sweep_managed
 from code_sandbox_cli.main import app
 from typer.testing import CliRunner
 
-from tests.conftest import TEST_LABEL
+from tests.conftest import TEST_LABEL, WORKER_TAG
+from tests.support.clock import FakeClock
+from tests.support.run import command_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 MiB = 1024 * 1024
@@ -36,9 +43,19 @@ def settings() -> Settings:
 
 
 @pytest.fixture
-def manager(engine: DockerEngine, profile: Profile, settings: Settings, image_id: str) -> SessionManager:
-    del image_id  # the fixture guarantees a verified image
-    return SessionManager(engine, profile, settings)
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def manager(
+    engine: DockerEngine, profile: Profile, settings: Settings, clock: FakeClock, image_id: str
+) -> AsyncIterator[SessionManager]:
+    # On the fake clock no session expires unless a test says so, however slow the engine is.
+    del image_id
+    manager = SessionManager(engine, profile, settings, clock=clock)
+    yield manager
+    await manager.shutdown()
 
 
 def _node(engine: DockerEngine, session: Session, script: str, timeout: float = 30) -> bytes:
@@ -57,12 +74,14 @@ async def test_container_settings_match_the_hardening_snapshot(
     uid = session.uid
     assert uid in SANDBOX_UIDS and inspect["Config"]["Labels"][LABEL_UID] == str(uid)
     config: dict[str, Any] = inspect["Config"]
+    apparmor = engine.daemon_facts().apparmor
     expected_host: dict[str, object] = {
         "NetworkMode": "none",
         "ReadonlyRootfs": True,
         "CapDrop": ["ALL"],
         "Privileged": False,
-        "SecurityOpt": ["no-new-privileges:true"],
+        # AppArmor is named only where the engine enforces it; seccomp is Docker's default profile, never named.
+        "SecurityOpt": ["no-new-privileges:true", *(["apparmor=docker-default"] if apparmor else [])],
         "Memory": 512 * MiB,
         "MemorySwap": 512 * MiB,
         "NanoCpus": 1_000_000_000,
@@ -88,8 +107,6 @@ async def test_container_settings_match_the_hardening_snapshot(
              "Devices", "DeviceRequests", "DeviceCgroupRules", "GroupAdd", "CapAdd", "Links", "Sysctls")  # fmt: skip
     for key in empty:
         assert not host.get(key), key
-    if engine.daemon_facts().apparmor:
-        pytest.fail("this engine reports AppArmor: expected apparmor=docker-default in SecurityOpt")
     assert config["Image"] == image_id
     assert config["User"] == "65533:65533"
     assert config["Hostname"] == "sandbox"
@@ -105,20 +122,6 @@ async def test_container_settings_match_the_hardening_snapshot(
     # the lifetime, the watchdog grace and a margin of one engine timeout (the start may lag the label)
     assert abs(int(labels[LABEL_EXPIRES_AT]) - (time.time() + 62 + engine.timeout)) < 5
     assert session.container_id not in session.id and len(session.id) >= 43
-
-
-async def test_every_process_runs_without_capabilities_and_with_no_new_privs(
-    manager: SessionManager, engine: DockerEngine
-) -> None:
-    session = await manager.create()
-    script = (
-        "const fs=require('fs');const out=[];for(const p of fs.readdirSync('/proc')){if(!/^\\d+$/.test(p))continue;"
-        "try{const s=fs.readFileSync(`/proc/${p}/status`,'utf8');out.push([s.match(/CapEff:\\s*(\\w+)/)[1],"
-        "s.match(/NoNewPrivs:\\s*(\\d)/)[1],s.match(/Seccomp:\\s*(\\d)/)[1]])}catch{}}console.log(JSON.stringify(out))"
-    )
-    rows = json.loads(_node(engine, session, script))
-    assert len(rows) >= 3  # init, watchdog, this exec
-    assert all(row == ["0000000000000000", "1", "2"] for row in rows), rows
 
 
 async def test_concurrent_creates_never_pass_the_session_cap(manager: SessionManager) -> None:
@@ -207,11 +210,14 @@ async def test_session_cap_is_enforced_and_destroy_is_idempotent(manager: Sessio
 
 
 async def test_an_idle_session_expires_and_its_container_goes(
-    manager: SessionManager, engine: DockerEngine, settings: Settings
+    manager: SessionManager, engine: DockerEngine, settings: Settings, clock: FakeClock
 ) -> None:
-    manager.settings = replace(settings, idle_timeout=1)
     session = await manager.create()
-    await anyio.sleep(1.2)
+    clock.advance(settings.idle_timeout - 1)
+    async with manager.lease(session.id):  # not idle long enough yet; this use starts the idle time again
+        pass
+    clock.advance(settings.idle_timeout)  # idle since that use, still inside the lifetime
+    assert clock.now < session.deadline
     with pytest.raises(SandboxError) as caught:
         async with manager.lease(session.id):
             pass
@@ -223,12 +229,29 @@ async def test_an_idle_session_expires_and_its_container_goes(
     assert again.value.code == ErrorCode.INVALID_SESSION
 
 
-async def test_the_reaper_removes_expired_sessions(
-    manager: SessionManager, engine: DockerEngine, settings: Settings
+async def test_a_session_in_constant_use_still_expires_at_its_lifetime(
+    manager: SessionManager, engine: DockerEngine, settings: Settings, clock: FakeClock
 ) -> None:
-    manager.settings = replace(settings, idle_timeout=1)
     session = await manager.create()
-    await anyio.sleep(1.1)
+    for _ in range(3):
+        async with manager.lease(session.id):
+            pass
+        clock.advance(settings.max_lifetime / 3)  # never idle as long as the idle timeout
+    with pytest.raises(SandboxError) as caught:
+        async with manager.lease(session.id):
+            pass
+    assert caught.value.code == ErrorCode.SESSION_EXPIRED
+    assert engine.container_facts(session.container_id) is None
+
+
+async def test_the_reaper_removes_expired_sessions(
+    manager: SessionManager, engine: DockerEngine, settings: Settings, clock: FakeClock
+) -> None:
+    session = await manager.create()
+    clock.advance(settings.idle_timeout - 1)
+    assert await manager.reap_once() == 0
+    assert engine.container_facts(session.container_id) is not None
+    clock.advance(1)
     assert await manager.reap_once() == 1
     assert len(manager) == 0
     assert engine.container_facts(session.container_id) is None
@@ -288,24 +311,35 @@ async def test_a_blocked_call_in_one_session_does_not_delay_another(
 ) -> None:
     busy, other = await manager.create(), await manager.create()
 
-    async def quick_call() -> float:
-        started = time.monotonic()
-        async with manager.lease(other.id) as session:
-            await anyio.to_thread.run_sync(_node, engine, session, "0")
-        return time.monotonic() - started
-
-    baseline = min([await quick_call() for _ in range(3)])
+    # Spins (holding its exec call, a worker thread and the lease) until the test drops a file in its /tmp, so it
+    # cannot end before the calls on the other session do: they are served while it is blocked, or never.
+    spin = (
+        "const fs=require('fs');fs.writeFileSync('/tmp/spinning','');"
+        "for(;;){const t=Date.now();while(Date.now()-t<50){}if(fs.existsSync('/tmp/stop'))break}"
+    )
+    long_call_done = anyio.Event()
 
     async def long_call() -> None:
         async with manager.lease(busy.id) as session:
-            await anyio.to_thread.run_sync(_node, engine, session, "const t=Date.now();while(Date.now()-t<3000){}")
+            await anyio.to_thread.run_sync(_node, engine, session, spin)
+        long_call_done.set()
 
-    during = float("inf")
+    def spinning() -> bool:
+        return _node(engine, busy, "console.log(require('fs').existsSync('/tmp/spinning'))") == b"true\n"
+
     async with anyio.create_task_group() as group:
         group.start_soon(long_call)
-        await anyio.sleep(0.5)
-        during = min([await quick_call() for _ in range(3)])
-    assert during - baseline < 0.2, (baseline, during)
+        try:
+            with anyio.fail_after(30):
+                while not await anyio.to_thread.run_sync(spinning):  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            with anyio.fail_after(20):  # a stalled event loop or a shared lock would hang here until the stop file
+                for _ in range(3):
+                    async with manager.lease(other.id) as session:
+                        assert await anyio.to_thread.run_sync(_node, engine, session, "console.log(1)") == b"1\n"
+            assert not long_call_done.is_set()
+        finally:
+            await anyio.to_thread.run_sync(_node, engine, busy, "require('fs').writeFileSync('/tmp/stop','')")
 
 
 def _managed_container(engine: DockerEngine, image_id: str, labels: dict[str, str], *, start: bool = True) -> str:
@@ -319,10 +353,10 @@ def _managed_container(engine: DockerEngine, image_id: str, labels: dict[str, st
 
 
 def test_sweep_removes_a_stopped_managed_container(engine: DockerEngine, image_id: str) -> None:
-    # Created without auto-remove and started with a 1 s watchdog: it exits and stays, stopped.
+    # Created without auto-remove, started with a main process that exits at once: it stays, stopped.
     request = ContainerRequest(
         image_id=image_id,
-        command=["/usr/local/bin/node", "/opt/sandbox/watchdog.mjs", "1"],
+        command=["/usr/local/bin/node", "-e", "0"],
         labels={LABEL_MANAGED: "true", TEST_LABEL: "1", LABEL_EXPIRES_AT: str(int(time.time()) + 600)},
         apparmor=engine.daemon_facts().apparmor,
     )
@@ -332,38 +366,37 @@ def test_sweep_removes_a_stopped_managed_container(engine: DockerEngine, image_i
     while (facts := engine.container_facts(container)) is not None and facts.state == "running":
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    sweep_managed(engine, max_lifetime=600)
+    sweep_managed(engine, max_lifetime=600, tag=WORKER_TAG)
     assert engine.container_facts(container) is None
 
 
 def test_sweep_keeps_a_container_that_another_server_is_still_creating(engine: DockerEngine, image_id: str) -> None:
     container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)}, start=False)
-    sweep_managed(engine, max_lifetime=600)
+    sweep_managed(engine, max_lifetime=600, tag=WORKER_TAG)
     assert engine.container_facts(container) is not None
 
 
 def test_sweep_removes_an_expired_running_container(engine: DockerEngine, image_id: str) -> None:
     container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) - 1)})
-    sweep_managed(engine, max_lifetime=600)
+    sweep_managed(engine, max_lifetime=600, tag=WORKER_TAG)
     assert engine.container_facts(container) is None
 
 
 def test_sweep_keeps_an_unexpired_running_container(engine: DockerEngine, image_id: str) -> None:
     container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)})
-    sweep_managed(engine, max_lifetime=600)
+    sweep_managed(engine, max_lifetime=600, tag=WORKER_TAG)
     assert engine.container_facts(container) is not None
 
 
 def test_sweep_removes_an_unlabelled_container_older_than_the_lifetime(engine: DockerEngine, image_id: str) -> None:
     container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: "soon"})
-    time.sleep(1.1)
-    sweep_managed(engine, max_lifetime=1)
+    sweep_managed(engine, max_lifetime=0, tag=WORKER_TAG)  # created before now: older than a lifetime of 0
     assert engine.container_facts(container) is None
 
 
 def test_sweep_keeps_an_unlabelled_container_younger_than_the_lifetime(engine: DockerEngine, image_id: str) -> None:
     container = _managed_container(engine, image_id, {})
-    sweep_managed(engine, max_lifetime=600)
+    sweep_managed(engine, max_lifetime=600, tag=WORKER_TAG)
     assert engine.container_facts(container) is not None
 
 
@@ -374,19 +407,29 @@ def test_sweep_keeps_an_unlabelled_container_whose_creation_time_is_unknown() ->
     assert verdict.remove is False
 
 
-def test_reap_dry_run_changes_nothing_and_reap_removes_only_the_expired(engine: DockerEngine, image_id: str) -> None:
+@pytest.mark.serial  # another test's server may sweep the expired containers first
+def test_reap_dry_run_changes_nothing_and_reap_removes_only_the_expired_of_its_tag(
+    engine: DockerEngine, image_id: str
+) -> None:
     expired = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) - 5)})
     live = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)})
-    runner = CliRunner()
-    dry = runner.invoke(app, ["reap", "--dry-run"])
-    assert dry.exit_code == 0, dry.output
-    assert "would remove" in dry.output
-    assert engine.container_facts(expired) is not None and engine.container_facts(live) is not None
-    real = runner.invoke(app, ["reap"])
-    assert real.exit_code == 0, real.output
-    assert engine.container_facts(expired) is None
-    assert engine.container_facts(live) is not None
-    assert expired not in real.output and expired[:12] not in real.output
+    other_tag = DockerEngine(labels={LABEL_TAG: WORKER_TAG + "-other"})
+    expired_other = _managed_container(other_tag, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) - 5)})
+    try:
+        runner = CliRunner()
+        dry = runner.invoke(app, ["reap", "--dry-run", "--tag", WORKER_TAG])
+        assert dry.exit_code == 0, dry.output
+        assert "would remove" in dry.output and "2 managed container(s)" in dry.output
+        assert all(engine.container_facts(c) is not None for c in (expired, live, expired_other))
+        real = runner.invoke(app, ["reap", "--tag", WORKER_TAG])
+        assert real.exit_code == 0, real.output
+        assert engine.container_facts(expired) is None
+        assert engine.container_facts(live) is not None
+        assert engine.container_facts(expired_other) is not None  # garbage, but another tag's: not asked for
+        assert expired not in real.output and expired[:12] not in real.output
+    finally:
+        other_tag.remove_container(expired_other)
+        other_tag.close()
 
 
 _ORPHAN_SCRIPT = """
@@ -397,7 +440,9 @@ from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import load_settings
 
 async def main():
-    manager = SessionManager(DockerEngine(), select_profile(create_plugin_manager(), None), load_settings())
+    settings = load_settings()
+    engine = DockerEngine(labels=settings.container_labels())
+    manager = SessionManager(engine, select_profile(create_plugin_manager(), None), settings)
     await manager.create()
     print("ready", flush=True)
     await anyio.sleep(3600)
@@ -410,13 +455,12 @@ def test_a_killed_server_leaves_a_container_that_removes_itself_within_the_lifet
     engine: DockerEngine, image_id: str
 ) -> None:
     del image_id
-    env = {**os.environ, "CODE_SANDBOX_MAX_LIFETIME": "30", "CODE_SANDBOX_IDLE_TIMEOUT": "10",
-           "CODE_SANDBOX_MAX_TIMEOUT": "20", "CODE_SANDBOX_DEFAULT_TIMEOUT": "5"}  # fmt: skip
-    before = {c.id for c in engine.list_containers(f"{LABEL_MANAGED}=true")}
+    env = command_env(max_lifetime="30", idle_timeout="10", max_timeout="20", default_timeout="5")
+    before = {c.id for c in engine.list_containers(f"{LABEL_MANAGED}=true", f"{LABEL_TAG}={WORKER_TAG}")}
     with subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT], stdout=subprocess.PIPE, env=env) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"ready"
-        orphans = {c.id for c in engine.list_containers(f"{LABEL_MANAGED}=true")} - before
+        orphans = {c.id for c in engine.list_containers(f"{LABEL_MANAGED}=true", f"{LABEL_TAG}={WORKER_TAG}")} - before
         assert len(orphans) == 1
         proc.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator
 
 import anyio.to_thread
 import pytest
@@ -16,7 +15,6 @@ from code_sandbox.paths import validate_path
 from code_sandbox.plugins import Profile
 from code_sandbox.protocol import DigestAnswer, Refusal
 from code_sandbox.sessions import Session, SessionManager
-from code_sandbox.settings import Settings
 from code_sandbox.workspace import (
     MiB,
     delete_files,
@@ -29,14 +27,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
-
-
-@pytest.fixture
-async def manager(engine: DockerEngine, profile: Profile, image_id: str) -> AsyncIterator[SessionManager]:
-    del image_id
-    manager = SessionManager(engine, profile, Settings(max_sessions=4))
-    yield manager
-    await manager.shutdown()
 
 
 @pytest.fixture
@@ -173,11 +163,16 @@ async def test_delete_reports_each_path_and_refuses_directories(manager: Session
 
 
 async def test_a_2_mib_file_of_varied_utf8_round_trips_byte_exactly(manager: SessionManager, session: Session) -> None:
-    unit = "ASCII é ü ß Ω 中文 😀🧪 \t\x01\x07\x1b[0m\r\n"
+    # One- to four-byte characters, tabs, CRLF, terminal escapes and other control characters, and all of printable
+    # ASCII, cut to the last whole character below 2 MiB, into a directory that does not exist yet.
+    unit = "ASCII é ü ß Ω 中文 😀🧪 €\t\x01\x07\x1f\x1b[0m\r\n" + "".join(chr(c) for c in range(0x20, 0x7F)) + "\n"
     text = (unit * (2 * MiB // len(unit.encode()) + 1)).encode()[: 2 * MiB].decode("utf-8", "ignore")
-    assert await write_files(manager, session.id, [("data/u.txt", text)], overwrite=False) == ["written"]
-    assert await digest_file(manager, session.id, "data/u.txt") == hashlib.sha256(text.encode()).hexdigest()
-    assert (await read_file(manager, session.id, "data/u.txt", max_bytes=2 * MiB)).content == text
+    size = len(text.encode())
+    assert 2 * MiB - 4 < size <= 2 * MiB
+    assert await write_files(manager, session.id, [("deep/dir/u.txt", text)], overwrite=False) == ["written"]
+    assert await digest_file(manager, session.id, "deep/dir/u.txt") == hashlib.sha256(text.encode()).hexdigest()
+    read = await read_file(manager, session.id, "deep/dir/u.txt", max_bytes=2 * MiB)
+    assert (read.content, read.size, read.truncated) == (text, size, False)
 
 
 async def test_a_symlink_made_by_user_code_destroys_the_session_at_the_next_file_operation(

@@ -1,49 +1,75 @@
-"""Fixtures for attacks: a victim sandbox, a bystander sandbox, and checks that only the victim was touched."""
+"""Fixtures for attacks: a victim sandbox, a bystander sandbox, and checks that only the victim was touched; and one
+shared sandbox per worker for probes that only look.
+
+An attack that may change or destroy its sandbox (bombs, floods, races, writes, signals) gets an :class:`Arena` of
+its own. A probe that only reads (capabilities, network configuration, ``/proc``, the environment, the hostname,
+missing tools) runs in the worker's :class:`SharedSandbox`, which is checked after every probe to hold nothing but
+its idle processes, so no probe leaves anything behind for the next one.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncGenerator
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 from code_sandbox.engine import DockerEngine
 from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.plugins import Profile
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import read_file, write_files
 
+from tests.support.run import remove_tagged, worker_tag
+
 BYSTANDER_FILE = ("keep/safe.txt", "the bystander's data: é😀\n")
+SHARED_TAG = worker_tag("shared")
+"""The shared sandbox's own tag: ``cleanup_managed`` removes only the worker's tag, so it never removes this one."""
 
 
-def host_process_count() -> int:
-    return len(_host_pids())
-
-
-def _host_pids() -> set[str]:
-    """User-space processes on the host; kernel threads (children of kthreadd, pid 2) come and go with load."""
-    pids: set[str] = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and name != "2":
-            with contextlib.suppress(OSError, IndexError):
-                if Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1] != "2":
-                    pids.add(name)
-    return pids
-
-
-def _new_process_states(before: set[str]) -> dict[str, int]:
-    """Processes that were not there before, counted by command name and scheduler state (R, S, D, Z, ...)."""
+def sandbox_processes(container_id: str, uid: int) -> dict[str, int]:
+    """Host processes that belong to one sandbox: inside its container's cgroup, or running as its uid anywhere.
+    Counted by command name and scheduler state (R, S, D, Z, ...)."""
     states: dict[str, int] = {}
-    for pid in _host_pids() - before:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
         with contextlib.suppress(OSError, IndexError):
+            status = Path(f"/proc/{pid}/status").read_text()
+            uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
+            if str(uid) not in uids and container_id not in Path(f"/proc/{pid}/cgroup").read_text():
+                continue
             stat = Path(f"/proc/{pid}/stat").read_text()
             key = f"{stat.split('(', 1)[1].rsplit(')', 1)[0]}:{stat.rsplit(')', 1)[1].split()[0]}"
             states[key] = states.get(key, 0) + 1
     return states
+
+
+def _between_runs(states: dict[str, int]) -> bool:
+    """All a sandbox holds between runs: docker-init and the watchdog (node), both sleeping, or nothing at all."""
+    return sum(states.values()) <= 2 and all(key.endswith((":S", ":I")) for key in states)
+
+
+async def assert_nothing_outlives_the_run(session: Session) -> None:
+    """The sandbox is back to what it holds between runs, inside its container and anywhere else on the host."""
+    # Killed processes of a sandbox under memory pressure can take a while to finish exiting on a loaded
+    # two-core machine, hence the generous bound. The verdict is the last sample the loop saw, not a fresh one:
+    # docker-init and the watchdog wake up now and then, and a sample taken just then shows one of them running.
+    states = sandbox_processes(session.container_id, session.uid)
+    with anyio.move_on_after(60):
+        while not _between_runs(states):
+            await anyio.sleep(0.2)
+            states = sandbox_processes(session.container_id, session.uid)
+    assert _between_runs(states), states
 
 
 @dataclass
@@ -51,34 +77,98 @@ class Arena:
     manager: SessionManager
     victim: Session
     bystander: Session
-    host_processes_before: int
-    host_pids_before: set[str]
 
     async def attack(self, source: str, *, timeout: int = 10, name: str = "attack.js") -> RunResult:  # noqa: ASYNC109
         """Run hostile code in the victim sandbox."""
         await write_files(self.manager, self.victim.id, [(name, source)], overwrite=True)
         return await run_entrypoint(self.manager, self.victim.id, name, [], timeout_seconds=timeout)
 
+    async def timed_attack(self, source: str, *, timeout: int = 10) -> tuple[float, float, RunResult]:  # noqa: ASYNC109
+        """Run a one-line program and then hostile code in the victim, each timed from the host's call to its
+        answer: ``(seconds, control_seconds, result)``. The control tells how slow a run is on this machine right
+        now, so a bound on ``seconds - control_seconds`` holds on a loaded machine too."""
+        files = [("control.js", "console.log('control');"), ("timed.js", source)]
+        await write_files(self.manager, self.victim.id, files, overwrite=True)
+        started = time.monotonic()
+        control = await run_entrypoint(self.manager, self.victim.id, "control.js", [], timeout_seconds=10)
+        control_seconds = time.monotonic() - started
+        assert (control.exit_code, control.stdout) == (0, "control\n")
+        started = time.monotonic()
+        result = await run_entrypoint(self.manager, self.victim.id, "timed.js", [], timeout_seconds=timeout)
+        return time.monotonic() - started, control_seconds, result
+
     async def assert_bystander_unaffected(self) -> None:
-        """The other sandbox still has its files and still runs programs; the host gained no processes."""
+        """The other sandbox still has its files and still runs programs; no process of either sandbox outlives its
+        run, inside the container or anywhere else on the host."""
         content = await read_file(self.manager, self.bystander.id, BYSTANDER_FILE[0], max_bytes=4096)
         assert content.content == BYSTANDER_FILE[1]
         await write_files(self.manager, self.bystander.id, [("probe.js", "console.log(6 * 7)")], overwrite=True)
         result = await run_entrypoint(self.manager, self.bystander.id, "probe.js", [], timeout_seconds=10)
         assert (result.exit_code, result.stdout) == (0, "42\n")
-        # The host's process count comes back to where it was. Killed processes of a sandbox under memory
-        # pressure can take a while to finish exiting on a loaded two-core machine, hence the generous bound.
-        with anyio.move_on_after(60):
-            while host_process_count() > self.host_processes_before + 5:  # noqa: ASYNC110 - polls the host
-                await anyio.sleep(0.2)
-        assert host_process_count() <= self.host_processes_before + 5, _new_process_states(self.host_pids_before)
+        for session in (self.victim, self.bystander):
+            await assert_nothing_outlives_the_run(session)
 
 
 @pytest.fixture
-async def arena(engine: DockerEngine, profile: Profile, image_id: str) -> AsyncGenerator[Arena]:
-    del image_id
-    manager = SessionManager(engine, profile, Settings(max_sessions=4, default_timeout=10, max_timeout=60))
-    victim, bystander = await manager.create(), await manager.create()
+async def arena(manager: SessionManager) -> Arena:
+    """Two sandboxes of one manager, as one server holds them; created side by side."""
+    sessions: list[Session] = []
+
+    async def create() -> None:
+        sessions.append(await manager.create())
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(create)
+        group.start_soon(create)
+    victim, bystander = sessions
     await write_files(manager, bystander.id, [BYSTANDER_FILE], overwrite=False)
-    yield Arena(manager, victim, bystander, host_process_count(), _host_pids())
-    await manager.shutdown()
+    return Arena(manager, victim, bystander)
+
+
+@dataclass
+class SharedSandbox:
+    """One sandbox of this worker for read-only probes, driven through its own event loop (``portal``), so it can
+    outlive the event loop of each test."""
+
+    portal: BlockingPortal
+    manager: SessionManager
+    _session: Session | None = None
+
+    @property
+    def session(self) -> Session:
+        assert self._session is not None, "probe() first"
+        return self._session
+
+    async def probe(self, source: str, *, timeout: int = 10) -> RunResult:  # noqa: ASYNC109
+        """Run a probe that only reads; afterwards the sandbox holds nothing of it."""
+        result = await anyio.to_thread.run_sync(self.portal.call, partial(self._run, source, timeout))
+        await assert_nothing_outlives_the_run(self.session)
+        return result
+
+    async def _run(self, source: str, timeout: int) -> RunResult:  # noqa: ASYNC109 - runs in the portal's loop
+        if self._session is None or self._session.state != "active":
+            # Made on first use; remade only if an earlier probe's failure took it down, so one failure stays one.
+            self._session = await self.manager.create()
+        await write_files(self.manager, self._session.id, [("probe.js", source)], overwrite=True)
+        return await run_entrypoint(self.manager, self._session.id, "probe.js", [], timeout_seconds=timeout)
+
+
+@pytest.fixture(scope="session")
+def shared(profile: Profile, image_id: str) -> Iterator[SharedSandbox]:
+    """The worker's shared sandbox, on its own engine and tag; removed at the end of the worker's session."""
+    del image_id
+    engine = DockerEngine(labels={LABEL_TAG: SHARED_TAG})
+    # Long enough to outlive the worker's session, so the sandbox never expires between two probes; room for a
+    # replacement while a broken one is still being removed.
+    settings = Settings(max_sessions=2, default_timeout=10, max_timeout=60, max_lifetime=3600, idle_timeout=1800)
+    try:
+        with start_blocking_portal("asyncio") as portal:
+            manager = portal.call(partial(SessionManager, engine, profile, settings))
+            try:
+                yield SharedSandbox(portal, manager)
+            finally:
+                portal.call(manager.shutdown)
+    finally:
+        left = remove_tagged(engine, SHARED_TAG)
+        engine.close()
+    assert left == 0, f"{left} container(s) of the shared sandbox outlived its shutdown"

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,14 +15,16 @@ import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
-from code_sandbox.hardening import LABEL_MANAGED
+from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.plugins import Profile
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import write_files
 
 from tests.security.conftest import Arena
-from tests.test_server import CLI, server_env
+from tests.support.run import worker_tag
+from tests.support.second_engine import SecondEngine
+from tests.test_server import CLI, mine, server_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
@@ -55,46 +54,6 @@ async def test_a_container_removed_during_a_run_gives_a_clear_error_and_the_next
     await arena.assert_bystander_unaffected()
 
 
-_RESTARTED_DAEMONS: list[subprocess.Popen[bytes]] = []  # the daemon outlives the test that restarted it
-
-
-def _dockerd_pid() -> int | None:
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if Path(f"/proc/{name}/comm").read_text().strip() == "dockerd":
-                    return int(name)
-            except OSError:
-                continue
-    return None
-
-
-def _restart_dockerd(engine: DockerEngine, log: Path) -> None:
-    pid = _dockerd_pid()
-    assert pid is not None, "the daemon restart test needs a local dockerd it may restart (CI starts one)"
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while Path(f"/proc/{pid}").exists():
-        assert time.monotonic() < deadline, "dockerd did not stop"
-        time.sleep(0.2)
-    with log.open("ab") as sink:
-        subprocess.Popen([a.decode() for a in argv], stdout=sink, stderr=sink, start_new_session=True)
-    while not _socket_answers("/var/run/docker.sock"):
-        assert time.monotonic() < deadline, "dockerd did not come back"
-        time.sleep(0.5)
-    engine.ping()
-
-
-def _socket_answers(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture
 def collect_leaked_sockets() -> Iterator[None]:
     """While the daemon is down, docker-py leaks the socket of every failed connect (docker/transport/unixconn.py
@@ -107,13 +66,12 @@ def collect_leaked_sockets() -> Iterator[None]:
 @pytest.mark.usefixtures("collect_leaked_sockets")
 @pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_a_daemon_restart_during_a_run_gives_a_clear_error_and_the_server_recovers(
-    engine: DockerEngine, profile: Profile, image_id: str, tmp_path: Path
+    second_engine: SecondEngine, engine: DockerEngine, profile: Profile, image_id: str
 ) -> None:
-    del image_id
-    if os.geteuid() != 0:
-        pytest.fail("run the suite as root (as CI does): this test restarts the local Docker daemon")
-    # A server of its own (its own engine and connection pool), so the outage touches nothing shared.
-    own_engine = DockerEngine()
+    # The worker's own engine, so the outage touches nothing shared; the image comes from the shared engine.
+    await anyio.to_thread.run_sync(second_engine.provide_image, engine, image_id, profile.image_spec().tag)
+    # A server of its own (its own client and connection pool), as `code-sandbox serve` would have.
+    own_engine = DockerEngine(base_url=second_engine.base_url, labels=second_engine.engine.labels)
     manager = SessionManager(own_engine, profile, Settings(max_sessions=2))
     try:
         victim = await manager.create()
@@ -129,7 +87,7 @@ async def test_a_daemon_restart_during_a_run_gives_a_clear_error_and_the_server_
         async with anyio.create_task_group() as group:
             group.start_soon(doomed_run)
             await anyio.sleep(1)
-            await anyio.to_thread.run_sync(_restart_dockerd, engine, tmp_path / "dockerd.log")
+            await anyio.to_thread.run_sync(second_engine.restart)
         assert errors == [ErrorCode.CONTAINER_UNAVAILABLE]
         # The same manager (the same server) works again without a restart of its own.
         fresh = await manager.create()
@@ -138,6 +96,7 @@ async def test_a_daemon_restart_during_a_run_gives_a_clear_error_and_the_server_
     finally:
         await manager.shutdown()
         own_engine.close()
+    assert second_engine.engine.list_containers(f"{LABEL_TAG}={worker_tag()}") == []
 
 
 async def test_twenty_concurrent_calls_on_one_and_across_sessions_never_mix_results(arena: Arena) -> None:
@@ -186,10 +145,10 @@ def test_a_client_disconnecting_during_a_run_removes_the_containers_and_the_serv
         proc.stdin.flush()
         assert json.loads(proc.stdout.readline())["id"] == 1
         deadline = time.monotonic() + 20
-        while not engine.list_containers(f"{LABEL_MANAGED}=true"):
+        while not mine(engine):
             assert time.monotonic() < deadline
             time.sleep(0.2)
         time.sleep(1)  # the run is under way
         proc.stdin.close()  # the client goes away
         assert proc.wait(timeout=10) == 0
-    assert engine.list_containers(f"{LABEL_MANAGED}=true") == []
+    assert mine(engine) == []

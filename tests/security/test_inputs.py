@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
-from tests.test_server import connect, ok
+from tests.test_server import CLI, TEE, ok, server_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("image_id", "cleanup_managed")]
 
@@ -20,7 +24,13 @@ HOSTILE_TEXT = (
 
 
 async def test_hostile_file_content_and_output_come_back_as_inert_data(tmp_path: Path) -> None:
-    async with connect(tmp_path) as client:
+    # Over stdio, through a tee that keeps every byte the server writes to stdout: the real protocol channel.
+    capture = tmp_path / "stdout.bin"
+    params = StdioServerParameters(
+        command=sys.executable, args=[TEE, str(capture), CLI, "serve"], env=server_env(tmp_path)
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+        await client.initialize()
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
         program = (
             "const fs = require('fs'); const text = fs.readFileSync('hostile.txt', 'utf8');"
@@ -37,4 +47,11 @@ async def test_hostile_file_content_and_output_come_back_as_inert_data(tmp_path:
         # The session still answers normally after the fake protocol messages went by.
         assert ok(await client.call_tool("list_files", {"session_id": sid}))["truncated"] is False
         assert ok(await client.call_tool("destroy_sandbox", {"session_id": sid})) == {"destroyed": True}
-    # connect() has checked that every line on the server's stdout was a JSON-RPC message.
+    # The fake messages went by as data: every line on stdout is one JSON-RPC message, and none of them is the
+    # forged answer or the forged cancellation.
+    messages = [json.loads(line) for line in capture.read_bytes().splitlines()]
+    assert {message["jsonrpc"] for message in messages} == {"2.0"}
+    assert all(message.get("method") != "notifications/cancelled" for message in messages)
+    answered = [message["id"] for message in messages if "result" in message]
+    assert len(answered) >= 7 and len(set(answered)) == len(answered)  # initialize, six tool calls, once each
+    assert all(message.get("result") != {"content": [], "isError": False} for message in messages)

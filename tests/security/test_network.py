@@ -1,4 +1,7 @@
-"""Network attacks: with networking off, nothing leaves the sandbox and sandboxes cannot reach each other."""
+"""Network attacks: with networking off, nothing leaves the sandbox and sandboxes cannot reach each other.
+
+Probes that only try to get out share the worker's sandbox; the listener needs two sandboxes of its own.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,10 @@ import json
 
 import anyio
 import pytest
-from code_sandbox.execution import run_entrypoint
+from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.workspace import write_files
 
-from tests.security.conftest import Arena
+from tests.security.conftest import Arena, SharedSandbox
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
@@ -27,17 +30,16 @@ function attempt(host, port) {
 """
 
 
-async def test_dns_lookups_fail_fast(arena: Arena) -> None:
+async def test_dns_lookups_fail_fast(shared: SharedSandbox) -> None:
     source = """
 const dns = require('dns'); const started = Date.now();
 dns.lookup('example.com', (err) => console.log(JSON.stringify({ code: err && err.code, ms: Date.now() - started })));
 """
-    outcome = json.loads((await arena.attack(source)).stdout)
+    outcome = json.loads((await shared.probe(source)).stdout)
     assert outcome["code"] in ("ENOTFOUND", "EAI_AGAIN") and outcome["ms"] < 2000
-    await arena.assert_bystander_unaffected()
 
 
-async def test_no_address_is_reachable_public_metadata_gateway_host_or_loopback(arena: Arena) -> None:
+async def test_no_address_is_reachable_public_metadata_gateway_host_or_loopback(shared: SharedSandbox) -> None:
     targets = [
         ("1.1.1.1", 443),
         ("2606:4700:4700::1111", 443),
@@ -53,54 +55,73 @@ async def test_no_address_is_reachable_public_metadata_gateway_host_or_loopback(
         + f"Promise.all({json.dumps(targets)}.map(([h, p]) => attempt(h, p)))"
         + (".then(r => console.log(JSON.stringify(r)));")
     )
-    results = json.loads((await arena.attack(source, timeout=20)).stdout)
+    results = json.loads((await shared.probe(source, timeout=20)).stdout)
     assert len(results) == len(targets)
     for result in results:
         assert result["outcome"] in ("ENETUNREACH", "ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EADDRNOTAVAIL"), result
-    await arena.assert_bystander_unaffected()
 
 
-async def test_udp_to_a_public_resolver_fails(arena: Arena) -> None:
+async def test_udp_to_a_public_resolver_fails(shared: SharedSandbox) -> None:
     source = """
 const dgram = require('dgram'); const s = dgram.createSocket('udp4');
 s.send(Buffer.from('x'), 53, '8.8.8.8', (err) => { console.log(JSON.stringify({ code: err && err.code })); s.close(); });
 """
-    outcome = json.loads((await arena.attack(source)).stdout)
+    outcome = json.loads((await shared.probe(source)).stdout)
     assert outcome["code"] in ("ENETUNREACH", "EPERM", "EACCES")
-    await arena.assert_bystander_unaffected()
-
-
-async def _run_listener(arena: Arena) -> None:
-    await run_entrypoint(arena.manager, arena.victim.id, "listen.js", [], timeout_seconds=10)
 
 
 async def test_a_listener_in_one_sandbox_cannot_be_reached_from_another(arena: Arena) -> None:
-    listener = """
-const net = require('net');
-net.createServer(s => s.end('hello')).listen(8080, '0.0.0.0', () => console.log('listening'));
-setTimeout(() => process.exit(0), 4000);
+    # The listener first proves it can be reached from inside its own sandbox and says so; while it listens, the
+    # bystander tries the same addresses; then the listener's run is cancelled.
+    listener = (
+        CONNECT
+        + """
+net.createServer(s => { s.on('error', () => {}); s.end('hello'); }).listen(8080, '0.0.0.0', async () => {
+  const self = await attempt('127.0.0.1', 8080);
+  console.log(self.outcome === 'CONNECTED' ? 'listening' : `unreachable from itself: ${self.outcome}`);
+});
 """
+    )
     await write_files(arena.manager, arena.victim.id, [("listen.js", listener)], overwrite=True)
     probe = (
         CONNECT
         + "Promise.all([attempt('127.0.0.1', 8080), attempt('sandbox', 8080)]).then(r => console.log(JSON.stringify(r)));"
     )
     await write_files(arena.manager, arena.bystander.id, [("probe-net.js", probe)], overwrite=True)
-    outcomes: list[object] = []
+    listening = anyio.Event()
+    listener_output = bytearray()
+    listener_ended = False
+
+    async def on_output(_stream: str, data: bytes) -> None:
+        listener_output.extend(data)
+        if b"listening" in listener_output:
+            listening.set()
+
+    async def run_listener() -> None:
+        nonlocal listener_ended
+        await run_entrypoint(arena.manager, arena.victim.id, "listen.js", [], timeout_seconds=30, output=on_output)
+        listener_ended = True
+
+    probe_result: list[RunResult] = []
     async with anyio.create_task_group() as group:
-        group.start_soon(_run_listener, arena)
-        await anyio.sleep(1.5)
-        result = await run_entrypoint(arena.manager, arena.bystander.id, "probe-net.js", [], timeout_seconds=10)
-        outcomes = json.loads(result.stdout)
+        group.start_soon(run_listener)
+        with anyio.fail_after(20):
+            await listening.wait()
+        probe_result.append(
+            await run_entrypoint(arena.manager, arena.bystander.id, "probe-net.js", [], timeout_seconds=10)
+        )
+        group.cancel_scope.cancel()
+    assert not listener_ended, "the listener stopped before the bystander's probe was done"
+    assert bytes(listener_output) == b"listening\n"
+    outcomes = json.loads(probe_result[0].stdout)
+    assert [outcome["host"] for outcome in outcomes] == ["127.0.0.1", "sandbox"]
     for outcome in outcomes:
-        assert isinstance(outcome, dict)
         assert outcome["outcome"] != "CONNECTED", outcome
     await arena.assert_bystander_unaffected()
 
 
-async def test_the_sandbox_has_no_network_interface_but_loopback(arena: Arena) -> None:
+async def test_the_sandbox_has_no_network_interface_but_loopback(shared: SharedSandbox) -> None:
     source = "console.log(JSON.stringify(Object.keys(require('os').networkInterfaces())))"
-    assert json.loads((await arena.attack(source)).stdout) in ([], ["lo"])
-    inspect = arena.manager.engine.inspect_container_raw(arena.victim.container_id)
+    assert json.loads((await shared.probe(source)).stdout) in ([], ["lo"])
+    inspect = shared.manager.engine.inspect_container_raw(shared.session.container_id)
     assert inspect["HostConfig"]["NetworkMode"] == "none"
-    await arena.assert_bystander_unaffected()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import resource
-import time
 
 import pytest
 
@@ -41,21 +40,42 @@ setTimeout(() => { clearInterval(t); console.log(JSON.stringify({ spawned, refus
 
 
 async def test_a_worker_threads_bomb_stops_at_the_pid_limit(arena: Arena) -> None:
+    # Threads count against the 128 tasks. A worker costs about 9 MiB, so workers alone meet the memory limit first
+    # (the worker-isolates memory bomb below); libuv's thread pool, widened to 80 threads, brings the bomb to the PID
+    # limit with memory to spare. The cgroup's pids.events counts the forks and clones the PID limit refused.
     source = """
-const { Worker } = require('worker_threads');
-let started = 0, failed = 0;
-for (let i = 0; i < 400; i++) {
-  try { const w = new Worker('setInterval(() => {}, 1000)', { eval: true });
-        w.on('online', () => started++); w.on('error', () => failed++); }
-  catch { failed++; }
-}
-setTimeout(() => { console.log(JSON.stringify({ started, failed })); process.exit(0); }, 4000);
+process.env.UV_THREADPOOL_SIZE = '80';  // read when the pool starts, at the first fs call below
+const { Worker } = require('worker_threads'); const fs = require('fs');
+const threads = () => +fs.readFileSync('/proc/self/status', 'utf8').match(/Threads:\\s+(\\d+)/)[1];
+const pidLimitHits = () => {
+  for (const p of ['/sys/fs/cgroup/pids.events', '/sys/fs/cgroup/pids/pids.events'])
+    try { return +fs.readFileSync(p, 'utf8').match(/max (\\d+)/)[1]; } catch {}
+  return NaN;
+};
+const hitsBefore = pidLimitHits();
+fs.readFile('/proc/self/status', () => {
+  const pool = threads(); let made = 0, refused = 0, peak = 0; const other = [];
+  const refuse = e => e.code === 'ERR_WORKER_INIT_FAILED' ? refused++ : other.push(e.code);
+  const report = () => {
+    console.log(JSON.stringify({ pool, refused, other, peak, hits: pidLimitHits() - hitsBefore }));
+    process.exit(0);
+  };
+  setInterval(() => {
+    for (let i = 0; i < 10 && made < 400; i++, made++)
+      try { new Worker('setInterval(() => {}, 1000)', { eval: true }).on('error', refuse); } catch (e) { refuse(e); }
+    peak = Math.max(peak, threads());
+    if (refused >= 50) report();  // well past the limit
+  }, 20);
+  setTimeout(report, 5000);
+});
 """
-    result = await arena.attack(source, timeout=20)
-    assert result.exit_code is not None or result.signal is not None
-    if result.exit_code == 0:
-        counts = json.loads(result.stdout.strip().splitlines()[-1])
-        assert counts["started"] < 128  # threads count against the 128 PIDs
+    result = await arena.attack(source, timeout=30)
+    assert (result.exit_code, result.oom_killed) == (0, False), result.stderr[-2000:]
+    counts = json.loads(result.stdout)
+    assert counts["pool"] > 80  # the pool's threads are tasks too
+    assert counts["refused"] > 0 and counts["other"] == [], counts  # thread creation was refused, nothing else failed
+    assert counts["hits"] >= counts["refused"], counts  # ... by the container's PID limit
+    assert counts["peak"] <= 128, counts
     await arena.assert_bystander_unaffected()
 
 
@@ -64,8 +84,12 @@ setTimeout(() => { console.log(JSON.stringify({ started, failed })); process.exi
     [
         "const a = []; for (;;) a.push(new Array(1e6).fill(1.5));",
         "const a = []; for (;;) a.push(Buffer.alloc(64 * 1024 * 1024, 7));",
+        # About 9 MiB each: 400 workers meet the memory limit before the PID limit.
+        "const { Worker } = require('worker_threads');"
+        "for (let i = 0; i < 400; i++) try { new Worker('setInterval(() => {}, 1000)', { eval: true }); } catch {}"
+        "setInterval(() => {}, 1000);",
     ],
-    ids=["heap", "off-heap-buffers"],
+    ids=["heap", "off-heap-buffers", "worker-isolates"],
 )
 async def test_memory_bombs_end_at_the_memory_limit_without_swap(arena: Arena, source: str) -> None:
     result = await arena.attack(source, timeout=40)
@@ -98,9 +122,10 @@ console.log(JSON.stringify({{ written, code }}));
     ids=["busy-loop", "atomics-wait-hang"],
 )
 async def test_busy_and_idle_hangs_are_killed_at_the_deadline(arena: Arena, source: str) -> None:
-    started = time.monotonic()
-    result = await arena.attack(source, timeout=2)
-    assert result.timed_out and time.monotonic() - started < 4
+    seconds, control_seconds, result = await arena.timed_attack(source, timeout=2)
+    assert (result.timed_out, result.termination_reason) == (True, "timed_out")
+    assert 1900 <= result.duration_ms < 3500, result.duration_ms  # killed at its deadline, as the runner saw it
+    assert seconds < control_seconds + 2 + 2, (seconds, control_seconds)  # and the host's answer followed at once
     await arena.assert_bystander_unaffected()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import anyio
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.hardening import LABEL_SESSION, SANDBOX_UIDS
-from mcp import ClientSession
+from mcp import Client
 
 from tests.test_server import connect, error_code, ok
 
@@ -43,7 +44,7 @@ spawn(process.execPath, ['-e', "setInterval(() => require('fs').writeFileSync('/
 WAIT = "setTimeout(() => {}, 400)"
 
 
-async def _run_program(client: ClientSession, sid: str, source: str) -> dict[str, Any]:
+async def _run_program(client: Client, sid: str, source: str) -> dict[str, Any]:
     """Write ``source`` as main.js in the sandbox and run it; the run's result."""
     ok(await client.call_tool("write_files", {"session_id": sid, "files": [{"path": "main.js", "content": source}]}))
     return ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "main.js"}))
@@ -56,7 +57,7 @@ def _session_containers(engine: DockerEngine, session_id: str) -> list[Any]:
 async def test_a_forged_runner_answer_is_never_returned_and_nothing_outlives_the_run(
     tmp_path: Path, engine: DockerEngine
 ) -> None:
-    async with connect(tmp_path) as client:
+    async with connect(engine, tmp_path) as client:
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
         ok(
             await client.call_tool(
@@ -92,8 +93,10 @@ setTimeout(() => {
 """
 
 
-async def test_sigusr1_opens_no_inspector_in_the_runner_and_the_run_still_answers(tmp_path: Path) -> None:
-    async with connect(tmp_path) as client:
+async def test_sigusr1_opens_no_inspector_in_the_runner_and_the_run_still_answers(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    async with connect(engine, tmp_path) as client:
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
         run = await _run_program(client, sid, INSPECTOR)
     assert (run["exit_code"], run["stdout"]) == (0, "ECONNREFUSED\n")
@@ -114,8 +117,8 @@ console.log(JSON.stringify({ runner: String(process.ppid), out, own: fs.readdirS
 """
 
 
-async def test_user_code_cannot_open_another_processes_fds_or_memory(tmp_path: Path) -> None:
-    async with connect(tmp_path) as client:
+async def test_user_code_cannot_open_another_processes_fds_or_memory(tmp_path: Path, engine: DockerEngine) -> None:
+    async with connect(engine, tmp_path) as client:
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
         seen = json.loads((await _run_program(client, sid, REACH))["stdout"])
     assert seen["own"] is True  # its own fds stay its own
@@ -126,8 +129,8 @@ async def test_user_code_cannot_open_another_processes_fds_or_memory(tmp_path: P
 WHOAMI = "const fs = require('fs'); console.log(JSON.stringify([process.getuid(), process.getgid(), fs.statSync('/workspace').uid, fs.statSync('/tmp').uid]))"
 
 
-async def test_every_live_sandbox_has_its_own_uid_owning_its_tmpfs(tmp_path: Path) -> None:
-    async with connect(tmp_path, max_sessions="4", warm_pool="2") as client:
+async def test_every_live_sandbox_has_its_own_uid_owning_its_tmpfs(tmp_path: Path, engine: DockerEngine) -> None:
+    async with connect(engine, tmp_path, max_sessions="4", warm_pool="2") as client:
         uids: list[int] = []
         for _ in range(4):
             sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
@@ -138,62 +141,87 @@ async def test_every_live_sandbox_has_its_own_uid_owning_its_tmpfs(tmp_path: Pat
     assert len(set(uids)) == 4, uids
 
 
+# Each attacker opens 45 inotify instances (a worker thread each: an instance belongs to an event loop). Holding all
+# of them, it prints "holding" and keeps them until its run is cancelled; short of 45, it prints what it got and ends.
 HOLD_INOTIFY = """
 const { Worker } = require('worker_threads');
-const wanted = 45; const workers = []; let got = 0;
+const wanted = 45; const workers = []; const answers = [];
 const code = "const fs = require('fs'); const { parentPort } = require('worker_threads');" +
   "try { fs.watch('/tmp', () => {}); parentPort.postMessage('ok'); } catch (e) { parentPort.postMessage(e.code); }";
 for (let i = 0; i < wanted; i++) {
   const w = new Worker(code, { eval: true, resourceLimits: { maxOldGenerationSizeMb: 8, maxYoungGenerationSizeMb: 2 } });
   workers.push(w);
   w.on('message', (m) => {
-    if (m === 'ok') got += 1;
-    if (got === wanted) {
-      const from = Date.now();
-      setTimeout(() => { console.log(JSON.stringify({ got, from, to: Date.now() })); process.exit(0); }, 6000);
-    }
+    answers.push(m);
+    if (answers.length < wanted) return;
+    if (answers.every((a) => a === 'ok')) console.log('holding');
+    else { console.log(JSON.stringify({ got: answers.filter((a) => a === 'ok').length, answers })); process.exit(0); }
   });
 }
-setTimeout(() => { console.log(JSON.stringify({ got, from: 0, to: 0 })); process.exit(0); }, 20000);
+setTimeout(() => process.exit(0), 90000);
 """
+HOLDING_BYTES = len(b"holding\n")
 
+# The bystander opens (and closes) a fresh instance in a new worker, ten times, 100 ms apart.
 PROBE_INOTIFY = """
-const { Worker } = require('worker_threads'); const checks = []; const end = Date.now() + 14000;
+const { Worker } = require('worker_threads'); const checks = [];
 const code = "const fs = require('fs'); const { parentPort } = require('worker_threads');" +
   "try { fs.watch('/tmp', () => {}).close(); parentPort.postMessage('ok'); } catch (e) { parentPort.postMessage(e.code); }";
 (function check() {
-  const at = Date.now(); const w = new Worker(code, { eval: true });
-  w.once('message', (m) => { checks.push([at, m]); w.terminate().then(() => {
-    if (Date.now() < end) setTimeout(check, 100); else console.log(JSON.stringify(checks)); }); });
+  const w = new Worker(code, { eval: true });
+  w.once('message', (m) => { checks.push(m); w.terminate().then(() => {
+    if (checks.length < 10) setTimeout(check, 100); else console.log(JSON.stringify(checks)); }); });
 })();
 """
 
+OUTPUT_BYTES = re.compile(r"(\d+) output bytes")
 
-async def test_one_sandbox_exhausting_inotify_instances_does_not_stop_anothers_fs_watch(tmp_path: Path) -> None:
+
+async def test_one_sandbox_exhausting_inotify_instances_does_not_stop_anothers_fs_watch(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
     # fs.inotify.max_user_instances (128 by default) counts per uid. Three attackers each hold 45 instances, which
     # together exceed it; with a uid per sandbox each attacker gets all of its own and the bystander keeps working.
-    async with connect(tmp_path, max_sessions="4") as client:
-        sids = [ok(await client.call_tool("create_sandbox", {}))["session_id"] for _ in range(4)]
+    # The runs' progress notifications (output bytes) say when an attacker holds all of its instances; the bystander
+    # runs once all three do, and they hold them until it is done.
+    async with connect(engine, tmp_path, max_sessions="4") as client:
         programs = [HOLD_INOTIFY] * 3 + [PROBE_INOTIFY]
-        for sid, program in zip(sids, programs, strict=True):
-            ok(
-                await client.call_tool(
-                    "write_files", {"session_id": sid, "files": [{"path": "p.js", "content": program}]}
-                )
-            )
-        outputs: list[str] = ["", "", "", ""]
+        sids = ["", "", "", ""]
 
-        async def run(index: int) -> None:
-            arguments = {"session_id": sids[index], "entrypoint": "p.js", "timeout_seconds": 40}
-            outputs[index] = ok(await client.call_tool("run_javascript", arguments))["stdout"]
+        async def prepare(index: int) -> None:
+            sids[index] = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+            files = [{"path": "p.js", "content": programs[index]}]
+            ok(await client.call_tool("write_files", {"session_id": sids[index], "files": files}))
 
         async with anyio.create_task_group() as group:
             for index in range(4):
-                group.start_soon(run, index)
-    attackers = [json.loads(output) for output in outputs[:3]]
-    checks: list[tuple[int, str]] = json.loads(outputs[3])
-    assert [attacker["got"] for attacker in attackers] == [45, 45, 45]
-    assert {result for _at, result in checks} == {"ok"}, checks
-    start = max(attacker["from"] for attacker in attackers)
-    end = min(attacker["to"] for attacker in attackers)
-    assert any(start <= at <= end for at, _result in checks), "the bystander never checked while all three held"
+                group.start_soon(prepare, index)
+
+        holding = [anyio.Event() for _ in range(3)]
+        ended: list[str | None] = [None, None, None]  # the output of an attacker whose run ended by itself
+        checks: list[str] = []
+
+        async def attack(index: int) -> None:
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                del progress, total
+                found = OUTPUT_BYTES.search(message or "")
+                if found is not None and int(found[1]) == HOLDING_BYTES:
+                    holding[index].set()
+
+            arguments = {"session_id": sids[index], "entrypoint": "p.js", "timeout_seconds": 100}
+            result = await client.call_tool("run_javascript", arguments, progress_callback=on_progress)
+            ended[index] = ok(result)["stdout"]
+            holding[index].set()  # ends the wait below; the assertion after it says what the attacker got
+
+        async with anyio.create_task_group() as group:
+            for index in range(3):
+                group.start_soon(attack, index)
+            with anyio.fail_after(80):
+                for event in holding:
+                    await event.wait()
+            assert ended == [None, None, None], "an attacker could not hold 45 instances"
+            probe = {"session_id": sids[3], "entrypoint": "p.js", "timeout_seconds": 30}
+            checks = json.loads(ok(await client.call_tool("run_javascript", probe))["stdout"])
+            assert ended == [None, None, None], "an attacker let go of its instances before the bystander was done"
+            group.cancel_scope.cancel()  # stops the attackers' runs: every process of their uids is killed
+    assert checks == ["ok"] * 10, checks

@@ -1,0 +1,84 @@
+"""The MCP Inspector that the independent-client test drives, pinned by this folder's ``package-lock.json``.
+
+It is installed with ``npm ci`` into a cache directory named for the lockfile's hash, never fetched at test time
+with ``npx``. CI installs it before the tests (``python -m tests.support.inspector install`` in ``.ci/run``); on a
+developer's machine the test installs it on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).parent
+LOCKFILE = PACKAGE_DIR / "package-lock.json"
+MANIFEST = PACKAGE_DIR / "package.json"
+NPM_CI_TIMEOUT = 600
+
+
+def install_dir() -> Path:
+    """Where the install for this lockfile lives: ``$XDG_CACHE_HOME`` (else ``~/.cache``), then
+    ``code-sandbox-tests/inspector-<hash of the lockfile>``; a new lockfile gets a new directory."""
+    configured = os.environ.get("XDG_CACHE_HOME", "")
+    cache = Path(configured) if os.path.isabs(configured) else Path.home() / ".cache"
+    digest = hashlib.sha256(LOCKFILE.read_bytes()).hexdigest()[:16]
+    return cache / "code-sandbox-tests" / f"inspector-{digest}"
+
+
+def launcher(directory: Path | None = None) -> Path:
+    """The inspector's command in an install (the default one when ``directory`` is omitted)."""
+    return (directory or install_dir()) / "node_modules" / ".bin" / "mcp-inspector"
+
+
+def installed() -> Path | None:
+    """The launcher of the default install, or ``None`` when it is not installed."""
+    command = launcher()
+    return command if command.is_file() else None
+
+
+def install() -> Path:
+    """Install the pinned inspector with ``npm ci`` unless it is there already; returns its launcher.
+
+    npm works in a staging directory beside the install, which is renamed into place only when ``npm ci``
+    succeeded: a broken or interrupted install is never mistaken for a finished one.
+    """
+    if (command := installed()) is not None:
+        return command
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("npm is needed to install the MCP Inspector (install Node.js and npm)")
+    target = install_dir()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        package = staging / "package"
+        package.mkdir()
+        shutil.copy2(MANIFEST, package / MANIFEST.name)
+        shutil.copy2(LOCKFILE, package / LOCKFILE.name)
+        scratch = staging / "tmp"
+        scratch.mkdir()
+        completed = subprocess.run(
+            [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=package,
+            env=os.environ | {"TMPDIR": str(scratch)},  # npm's temporary files stay in the staging directory
+            capture_output=True,
+            text=True,
+            timeout=NPM_CI_TIMEOUT,
+            check=False,
+        )
+        if completed.returncode != 0:
+            raise RuntimeError(f"npm ci failed with status {completed.returncode}:\n{completed.stderr[-4000:]}")
+        if not launcher(package).is_file():
+            raise RuntimeError("npm ci succeeded but the inspector's launcher is missing")
+        try:
+            package.rename(target)
+        except OSError:
+            if installed() is None:  # not another process's finished install: a real failure
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return launcher()
