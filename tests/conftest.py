@@ -28,6 +28,7 @@ from tests.support.run import (
     RUN_ENV,
     containers_of_run,
     hold_test_slot,
+    image_lock,
     live_children,
     new_run_id,
     remove_tagged,
@@ -63,9 +64,9 @@ pytest_plugins = ["tests.support.second_engine"]  # the ``second_engine`` fixtur
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """Twice the cores: most tests wait on the Docker engine, not on a CPU."""
+    """Twice the cores this process may use, at most 8: most tests wait on the Docker engine, not on a CPU."""
     del config
-    return 2 * (os.cpu_count() or 1)
+    return min(8, 2 * len(os.sched_getaffinity(0)))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -149,11 +150,16 @@ def profile() -> Profile:
 
 @pytest.fixture(scope="session")
 def image_id(engine: DockerEngine, profile: Profile) -> str:
-    """The verified sandbox image; built once when missing or stale (CI builds it before the tests)."""
-    report = verify_image(engine, profile)
-    if not report.passed:
-        build_offline_image(engine, profile, runtime=None, progress=lambda _text: None)
+    """The verified sandbox image; built once when missing or stale (CI builds it before the tests).
+
+    One worker at a time: otherwise every worker would build its own image at once and all but the last would
+    lose the tag.
+    """
+    with image_lock():
         report = verify_image(engine, profile)
+        if not report.passed:
+            build_offline_image(engine, profile, runtime=None, progress=lambda _text: None)
+            report = verify_image(engine, profile)
     assert report.passed, [check for check in report.checks if not check.passed]
     assert report.image is not None
     engine.verified_images.add((profile.name, report.image.id))  # every manager on this engine may trust it

@@ -17,7 +17,7 @@ from code_sandbox.protocol import InventoryAnswer, Refusal, RunAnswer
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.workspace import read_file
 
-from tests.conftest import TEST_LABEL
+from tests.conftest import TEST_LABEL, WORKER_TAG
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 MiB = 1024 * 1024
@@ -79,7 +79,8 @@ def test_a_fifo_in_the_workspace_is_refused_by_the_file_helper(
         fifo.mode = 0o600
         archive.addfile(fifo)
     buffer.seek(0)
-    derived = engine.build_image(buffer, tag="code-sandbox-test-fifo:1", labels={}, on_step=lambda _step: None)
+    tag = f"code-sandbox-test-fifo:{WORKER_TAG}"  # this worker's own: concurrent runs never share it
+    derived = engine.build_image(buffer, tag=tag, labels={}, on_step=lambda _step: None)
     request = ContainerRequest(
         image_id=derived,
         command=[*profile.helper_argv("watchdog"), "60"],
@@ -93,5 +94,5 @@ def test_a_fifo_in_the_workspace_is_refused_by_the_file_helper(
         answer = call_helper(engine, container_id, argv, user=user_of(PROBE_UID), answer=InventoryAnswer, timeout=30)
     finally:
         engine.remove_container(container_id)
-        engine.untag_image("code-sandbox-test-fifo:1")
+        engine.untag_image(tag)
     assert isinstance(answer, Refusal) and answer.code == "WORKSPACE_INTEGRITY"

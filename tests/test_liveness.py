@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 from code_sandbox.engine import ContainerFacts, DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER, LABEL_SESSION, ContainerRequest
+from code_sandbox.hardening import (
+    LABEL_EXPIRES_AT,
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    LABEL_SESSION,
+    LABEL_TAG,
+    ContainerRequest,
+)
 from code_sandbox.liveness import (
     ServerMarker,
     default_state_dir,
@@ -27,7 +34,7 @@ from code_sandbox.sweep import judge_container, survey_managed, sweep_managed
 from code_sandbox_cli.main import app
 from typer.testing import CliRunner
 
-from tests.conftest import TEST_LABEL
+from tests.conftest import TEST_LABEL, WORKER_TAG
 
 _HOLD_A_MARKER = """
 import sys
@@ -322,6 +329,33 @@ def test_sweep_removes_a_stopped_servers_running_container_and_keeps_a_live_serv
         assert owner_alive(tmp_path, live.owner) is True
     finally:
         live.release()
+
+
+@pytest.mark.docker
+def test_a_tagged_sweep_judges_only_its_tag_and_keeps_the_evidence_for_a_stopped_servers_other_containers(
+    engine: DockerEngine, image_id: str, created: set[str], tmp_path: Path
+) -> None:
+    dead_owner = _killed_server(tmp_path)
+    other_tag = DockerEngine(labels={LABEL_TAG: WORKER_TAG + "-other"})
+    try:
+        ours = _owned_container(engine, image_id, dead_owner, "ours", created)
+        theirs = _owned_container(other_tag, image_id, dead_owner, "theirs", created)
+        scoped = _ScopedEngine(created)
+        try:
+            verdicts, failures = sweep_managed(scoped, max_lifetime=3600, state_dir=tmp_path, tag=WORKER_TAG)
+            assert ([v.container.id for v in verdicts], failures) == ([ours], 0)
+            assert engine.container_facts(ours) is None
+            assert engine.container_facts(theirs) is not None  # an orphan too, but another tag's to judge
+            # The marker is the only evidence that "theirs" is an orphan: it stays while "theirs" exists.
+            assert _marker_path(tmp_path, dead_owner).exists()
+            verdicts, failures = sweep_managed(scoped, max_lifetime=3600, state_dir=tmp_path)
+            assert [(v.container.id, v.owner) for v in verdicts] == [(theirs, "dead")] and failures == 0
+            assert engine.container_facts(theirs) is None
+            assert not _marker_path(tmp_path, dead_owner).exists()
+        finally:
+            scoped.close()
+    finally:
+        other_tag.close()
 
 
 @pytest.mark.docker

@@ -69,7 +69,7 @@ def _can_lock(path: Path, mode: int) -> bool:
 
 
 def test_a_serial_test_excludes_every_other_test_and_tests_share_with_each_other(tmp_path: Path) -> None:
-    gate, tests = (tmp_path / name for name in LOCKS)
+    gate, tests = tmp_path / LOCKS[0], tmp_path / LOCKS[1]
     with hold_test_slot(tmp_path, serial=False):
         assert _can_lock(tests, fcntl.LOCK_SH)  # another test may run beside this one
         assert not _can_lock(tests, fcntl.LOCK_EX)  # a serial one may not

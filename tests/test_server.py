@@ -30,6 +30,7 @@ from mcp.types import CallToolResult, TextContent
 
 from tests.conftest import WORKER_TAG
 from tests.support import inspector
+from tests.support.clock import FakeClock
 from tests.support.run import command_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("image_id", "cleanup_managed")]
@@ -232,21 +233,8 @@ async def test_every_client_reachable_error_code_arrives_as_a_tool_error(tmp_pat
         assert await call("no_such_tool") == "INVALID_REQUEST"
 
 
-class ManualClock:
-    """A monotonic clock that moves only when a test moves it."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 async def test_an_idle_sandbox_answers_session_expired(tmp_path: Path, engine: DockerEngine) -> None:
-    clock = ManualClock()
+    clock = FakeClock()
     idle = {"idle_timeout": "10", "max_lifetime": "30", "max_timeout": "20", "default_timeout": "5"}
     async with connect(engine, tmp_path, clock=clock, **idle) as client:
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]

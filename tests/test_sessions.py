@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -407,10 +408,10 @@ def test_sweep_keeps_an_unlabelled_container_whose_creation_time_is_unknown() ->
     assert verdict.remove is False
 
 
-@pytest.mark.serial  # another test's server may sweep the expired containers first
 def test_reap_dry_run_changes_nothing_and_reap_removes_only_the_expired_of_its_tag(
-    engine: DockerEngine, image_id: str
+    engine: DockerEngine, image_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))  # liveness markers: the test's own, not the user's
     expired = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) - 5)})
     live = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)})
     other_tag = DockerEngine(labels={LABEL_TAG: WORKER_TAG + "-other"})
@@ -427,6 +428,8 @@ def test_reap_dry_run_changes_nothing_and_reap_removes_only_the_expired_of_its_t
         assert engine.container_facts(live) is not None
         assert engine.container_facts(expired_other) is not None  # garbage, but another tag's: not asked for
         assert expired not in real.output and expired[:12] not in real.output
+        refused = runner.invoke(app, ["reap", "--tag", "not a tag"])
+        assert refused.exit_code == 2 and "--tag must be" in refused.output
     finally:
         other_tag.remove_container(expired_other)
         other_tag.close()

@@ -17,6 +17,7 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.plugins import Profile
+from code_sandbox.relay import OutputSink
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import write_files
@@ -29,22 +30,37 @@ from tests.test_server import CLI, mine, server_env
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
 
+def on_first_output(event: anyio.Event) -> OutputSink:
+    """An output callback that sets ``event`` when the program first writes: it is running."""
+
+    async def seen(stream: str, data: bytes) -> None:
+        del stream, data
+        event.set()
+
+    return seen
+
+
 async def test_a_container_removed_during_a_run_gives_a_clear_error_and_the_next_call_works(
     arena: Arena, engine: DockerEngine
 ) -> None:
-    await write_files(arena.manager, arena.victim.id, [("slow.js", "setTimeout(() => {}, 30000)")], overwrite=False)
+    slow = "console.log('running'); setTimeout(() => {}, 30000)"
+    await write_files(arena.manager, arena.victim.id, [("slow.js", slow)], overwrite=False)
     errors: list[SandboxError] = []
+    running = anyio.Event()
 
     async def doomed_run() -> None:
         try:
-            await run_entrypoint(arena.manager, arena.victim.id, "slow.js", [], timeout_seconds=30)
+            await run_entrypoint(
+                arena.manager, arena.victim.id, "slow.js", [], timeout_seconds=30, output=on_first_output(running)
+            )
         except SandboxError as error:
             errors.append(error)
 
     started = time.monotonic()
     async with anyio.create_task_group() as group:
         group.start_soon(doomed_run)
-        await anyio.sleep(1)
+        with anyio.fail_after(30):
+            await running.wait()  # the run is under way
         await anyio.to_thread.run_sync(engine.remove_container, arena.victim.container_id)
     assert time.monotonic() - started < 10
     assert [e.code for e in errors] == [ErrorCode.CONTAINER_UNAVAILABLE]
@@ -75,18 +91,23 @@ async def test_a_daemon_restart_during_a_run_gives_a_clear_error_and_the_server_
     manager = SessionManager(own_engine, profile, Settings(max_sessions=2))
     try:
         victim = await manager.create()
-        await write_files(manager, victim.id, [("slow.js", "setTimeout(() => {}, 60000)")], overwrite=False)
+        slow = "console.log('running'); setTimeout(() => {}, 60000)"
+        await write_files(manager, victim.id, [("slow.js", slow)], overwrite=False)
         errors: list[ErrorCode] = []
+        running = anyio.Event()
 
         async def doomed_run() -> None:
             try:
-                await run_entrypoint(manager, victim.id, "slow.js", [], timeout_seconds=60)
+                await run_entrypoint(
+                    manager, victim.id, "slow.js", [], timeout_seconds=60, output=on_first_output(running)
+                )
             except SandboxError as error:
                 errors.append(error.code)
 
         async with anyio.create_task_group() as group:
             group.start_soon(doomed_run)
-            await anyio.sleep(1)
+            with anyio.fail_after(30):
+                await running.wait()  # the run is under way
             await anyio.to_thread.run_sync(second_engine.restart)
         assert errors == [ErrorCode.CONTAINER_UNAVAILABLE]
         # The same manager (the same server) works again without a restart of its own.
@@ -128,7 +149,8 @@ def test_a_client_disconnecting_during_a_run_removes_the_containers_and_the_serv
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
          "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "execute_javascript", "arguments": {
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"_meta": {"progressToken": "p"},
+            "name": "execute_javascript", "arguments": {
             "files": [{"path": "slow.js", "content": "setTimeout(() => {}, 60000)"}], "entrypoint": "slow.js",
             "timeout_seconds": 60}}},
     ]  # fmt: skip
@@ -144,11 +166,9 @@ def test_a_client_disconnecting_during_a_run_removes_the_containers_and_the_serv
             proc.stdin.write(json.dumps(request).encode() + b"\n")
         proc.stdin.flush()
         assert json.loads(proc.stdout.readline())["id"] == 1
-        deadline = time.monotonic() + 20
-        while not mine(engine):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        time.sleep(1)  # the run is under way
+        # The first progress notification: the run is under way (they start after a second of running).
+        assert json.loads(proc.stdout.readline())["method"] == "notifications/progress"
+        assert mine(engine) != []
         proc.stdin.close()  # the client goes away
         assert proc.wait(timeout=10) == 0
     assert mine(engine) == []

@@ -20,8 +20,8 @@ from code_sandbox.hardening import LABEL_TAG
 
 RUN_ENV = "CODE_SANDBOX_TEST_RUN"
 RUN_DIR_ENV = "CODE_SANDBOX_TEST_RUN_DIR"
-LOCKS = ("serial-gate.lock", "serial-tests.lock")
-"""The run's own files in its directory: the serial gate's locks (:func:`tests.conftest._serial_gate`)."""
+LOCKS = ("serial-gate.lock", "serial-tests.lock", "image.lock")
+"""The run's own files in its directory: the serial gate's locks (:func:`hold_test_slot`) and :func:`image_lock`."""
 
 
 def new_run_id() -> str:
@@ -90,7 +90,7 @@ def hold_test_slot(run_dir: Path, *, serial: bool) -> Generator[None]:
     A reader-writer lock (flock on ``serial-tests.lock``) with a turnstile in front (``serial-gate.lock``): a serial
     test takes the turnstile first, so no new test starts while it waits for the running ones to finish.
     """
-    gate_path, tests_path = (run_dir / name for name in LOCKS)
+    gate_path, tests_path = run_dir / LOCKS[0], run_dir / LOCKS[1]
     gate = os.open(gate_path, os.O_RDWR | os.O_CREAT, 0o600)
     tests = os.open(tests_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -102,3 +102,14 @@ def hold_test_slot(run_dir: Path, *, serial: bool) -> Generator[None]:
     finally:
         os.close(tests)
         os.close(gate)
+
+
+@contextlib.contextmanager
+def image_lock() -> Generator[None]:
+    """Held while a worker verifies, and if need be builds, the sandbox image: one worker at a time."""
+    fd = os.open(Path(os.environ[RUN_DIR_ENV]) / LOCKS[2], os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -60,6 +60,10 @@ class SecondEngine:
             f"--data-root={self.root / 'data'}",
             f"--exec-root={self.root / 'x'}",
             f"--pidfile={self.root / 'dockerd.pid'}",
+            # Where a system containerd runs, dockerd uses it instead of starting its own: namespaces of this
+            # engine's own keep it from sharing the shared engine's images and containers there.
+            f"--containerd-namespace=code-sandbox-test-{worker_tag()}",
+            f"--containerd-plugins-namespace=code-sandbox-test-{worker_tag()}-plugins",
             "--bridge=none",
             "--iptables=false",
             "--ip-forward=false",

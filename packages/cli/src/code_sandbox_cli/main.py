@@ -23,7 +23,7 @@ from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.local_run import run_local
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
 from code_sandbox.sessions import SessionManager
-from code_sandbox.settings import Settings, load_settings
+from code_sandbox.settings import TAG_RULE, Settings, is_valid_tag, load_settings
 from code_sandbox.sweep import forget_stopped_servers, survey_managed
 
 app = typer.Typer(
@@ -279,6 +279,9 @@ def reap(
     (unknown: another machine's or user's server, or one that could not record itself).
     """
     settings = _settings()
+    if tag is not None and not is_valid_tag(tag):
+        typer.echo(f"code-sandbox: --tag {TAG_RULE}", err=True)
+        raise typer.Exit(2)
     if all_ and not yes and not dry_run:
         typer.echo("code-sandbox: --all removes live sandboxes too (fix: add --yes to confirm)", err=True)
         raise typer.Exit(2)
@@ -311,7 +314,7 @@ def reap(
                 f"{container.state[:8]:<8}  {owner:<5}  {action} ({verdict.reason if not all_ else 'all'})"
             )
         if not dry_run:
-            forget_stopped_servers(state_dir, verdicts, removed=removed)
+            forget_stopped_servers(engine, state_dir, verdicts, removed=removed, tag=tag)
     except SandboxError as error:
         fail(error)
     finally:

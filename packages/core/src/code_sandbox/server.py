@@ -36,6 +36,7 @@ from code_sandbox.audit import AuditLog, AuditValue
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.plugins import Profile
 from code_sandbox.schemas import (
@@ -235,9 +236,13 @@ class SandboxServer(MCPServer[None]):
             marker.release(leave_marker=left > 0)  # a marker left behind reads "dead": its orphans get swept
 
     async def _sweep(self) -> None:
+        # A tagged server (CODE_SANDBOX_TAG) judges only its tag's containers: other clients' are theirs to sweep.
+        tag = self.engine.labels.get(LABEL_TAG)
         try:
             await anyio.to_thread.run_sync(
-                lambda: sweep_managed(self.engine, max_lifetime=self.settings.max_lifetime, state_dir=self.state_dir)
+                lambda: sweep_managed(
+                    self.engine, max_lifetime=self.settings.max_lifetime, state_dir=self.state_dir, tag=tag
+                )
             )
         except SandboxError as error:
             logger.warning("start-up sweep skipped: %s", error.message)

@@ -28,6 +28,13 @@ class _IntSetting:
 
 
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+TAG_RULE = "must be 1 to 63 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+def is_valid_tag(tag: str) -> bool:
+    """Whether ``tag`` may label containers (``CODE_SANDBOX_TAG``, ``reap --tag``)."""
+    return _TAG.fullmatch(tag) is not None
+
 
 _INT_SETTINGS = (
     _IntSetting("max_lifetime", 30, 3600, 600, "seconds"),
@@ -116,10 +123,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     profile = env.get(env_name("profile")) or None
 
     tag = env.get(env_name("tag"))
-    if tag is not None and _TAG.fullmatch(tag) is None:
-        raise SettingsError(
-            env_name("tag"), "must be 1 to 63 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
+    if tag is not None and not is_valid_tag(tag):
+        raise SettingsError(env_name("tag"), TAG_RULE)
 
     if ints["default_timeout"] > ints["max_timeout"]:
         raise SettingsError(env_name("default_timeout"), f"must not exceed {env_name('max_timeout')}")

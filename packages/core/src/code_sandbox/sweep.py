@@ -117,17 +117,33 @@ def sweep_managed(
         elif verdict.expires_at is None:
             logger.warning("kept a managed sandbox container: %s", verdict.reason)
     if state_dir is not None:
-        forget_stopped_servers(state_dir, verdicts, removed=removed)
+        forget_stopped_servers(engine, state_dir, verdicts, removed=removed, tag=tag)
     return verdicts, failures
 
 
-def forget_stopped_servers(state_dir: Path, verdicts: Iterable[Verdict], *, removed: Collection[str]) -> None:
+def forget_stopped_servers(
+    engine: DockerEngine,
+    state_dir: Path,
+    verdicts: Iterable[Verdict],
+    *,
+    removed: Collection[str],
+    tag: str | None = None,
+) -> None:
     """Delete the markers of stopped servers none of whose containers remain (``removed``: the IDs that went).
 
-    A marker that still has a container keeps its evidence, so the next sweep retries a failed removal.
+    A marker that still has a container keeps its evidence, so the next sweep retries a failed removal. Verdicts of
+    one ``tag`` do not show the other containers of a server, so then every managed container is listed again; if
+    that fails, no marker is deleted.
     """
-    remaining = (v.container.labels.get(LABEL_OWNER) for v in verdicts if v.container.id not in removed)
-    prune_stopped_servers(state_dir, keep={owner for owner in remaining if owner})
+    if tag is None:
+        remaining = [v.container for v in verdicts if v.container.id not in removed]
+    else:
+        try:
+            remaining = engine.list_containers(f"{LABEL_MANAGED}=true")
+        except SandboxError:
+            return
+    owners = (container.labels.get(LABEL_OWNER) for container in remaining)
+    prune_stopped_servers(state_dir, keep={owner for owner in owners if owner})
 
 
 def _cached_liveness(state_dir: Path) -> OwnerAlive:
