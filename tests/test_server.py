@@ -20,8 +20,8 @@ import anyio
 import anyio.to_thread
 import pytest
 from code_sandbox.engine import ContainerFacts, DockerEngine
-from code_sandbox.hardening import LABEL_MANAGED, LABEL_OWNER, LABEL_TAG
-from code_sandbox.plugins import create_plugin_manager, select_profile
+from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER, LABEL_TAG, ContainerRequest
+from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
 from code_sandbox.server import SandboxServer
 from code_sandbox.settings import load_settings
 from mcp import Client, ClientSession, StdioServerParameters
@@ -435,6 +435,28 @@ def test_the_server_removes_its_sandboxes_and_exits_0_on_eof_or_sigterm(
     assert mine(engine) == []
 
 
+async def test_a_tagged_servers_start_up_sweep_removes_its_tags_garbage_and_leaves_other_clients_alone(
+    tmp_path: Path, engine: DockerEngine, profile: Profile, image_id: str
+) -> None:
+    watchdog = [*profile.helper_argv("watchdog"), "60"]
+    expired = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: "1"}
+    apparmor = engine.daemon_facts().apparmor
+    ours = engine.create_container(ContainerRequest(image_id, watchdog, expired, apparmor))
+    other_client = DockerEngine(labels={LABEL_TAG: WORKER_TAG + "-other-client"})
+    theirs = other_client.create_container(ContainerRequest(image_id, watchdog, expired, apparmor))
+    try:
+        async with connect(engine, tmp_path) as client:  # the server's engine carries this worker's tag
+            with anyio.fail_after(20):
+                while await anyio.to_thread.run_sync(engine.container_facts, ours):  # noqa: ASYNC110
+                    await anyio.sleep(0.1)
+            assert len((await client.list_tools()).tools) == 8
+        facts = other_client.container_facts(theirs)
+        assert facts is not None and facts.state == "running"  # expired, but another client's to judge
+    finally:
+        other_client.remove_container(theirs)
+        other_client.close()
+
+
 def test_a_killed_servers_sandbox_is_swept_by_the_next_server_and_a_live_peers_is_kept(
     tmp_path: Path, engine: DockerEngine
 ) -> None:
@@ -487,9 +509,16 @@ def mcp_inspector() -> Path:
 
 
 def _inspector(command: Path, tmp_path: Path, *method: str) -> dict[str, Any]:
+    # The Inspector starts the server with a minimal environment of its own: the test's settings (this worker's
+    # tag, the audit log and liveness markers under tmp_path) reach it only as -e options.
+    env = server_env(tmp_path)
+    passed = [
+        f"{key}={value}" for key, value in env.items() if key.startswith("CODE_SANDBOX_") or key == "XDG_STATE_HOME"
+    ]
+    options = [arg for pair in passed for arg in ("-e", pair)]
     completed = subprocess.run(
-        [str(command), "--cli", CLI, "serve", "--method", *method],
-        capture_output=True, timeout=240, env=server_env(tmp_path), check=False, cwd=tmp_path,
+        [str(command), "--cli", *options, CLI, "serve", "--method", *method],
+        capture_output=True, timeout=240, env=env, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-2000:]
     return json.loads(completed.stdout)
@@ -508,3 +537,6 @@ def test_an_independent_client_the_mcp_inspector_lists_and_calls_the_tools(
     destroyed = _inspector(mcp_inspector, tmp_path, *destroy)
     assert destroyed["isError"] is False and destroyed["structuredContent"] == {"destroyed": False}
     assert mine(engine) == []
+    # The servers had the test's settings: they wrote the audit log the test named.
+    records = [json.loads(line) for line in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
+    assert [r["tool"] for r in records] == ["create_sandbox", "destroy_sandbox"]
