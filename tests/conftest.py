@@ -70,8 +70,13 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Serial tests last: by then most workers are done, so holding them off costs little."""
-    items.sort(key=lambda item: item.get_closest_marker("serial") is not None)
+    """Slow tests first, so that no worker starts one near the end; serial tests last, when holding the other
+    workers off costs little."""
+
+    def order(item: pytest.Item) -> int:
+        return 2 if item.get_closest_marker("serial") else 0 if item.get_closest_marker("slow") else 1
+
+    items.sort(key=order)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from code_sandbox.plugins import Profile
 
 DOCKERFILE = Path(__file__).parents[1] / "containers" / "Dockerfile.nodejs"
+HELPERS = "packages/profile-javascript/src/code_sandbox_javascript/helpers"  # the build context is the checkout
 
 
 def _instructions() -> list[tuple[str, str]]:
@@ -53,6 +54,6 @@ def test_final_stage_has_the_offline_builds_labels_user_and_paths(profile: Profi
     assert f"/node {spec.runtime_path}" in copies
     for helper_path in spec.helper_digests:
         assert helper_path.startswith("/opt/sandbox/")
-        assert f"containers/{Path(helper_path).name}" in copies
+        assert f"{HELPERS}/{Path(helper_path).name}" in copies
     assert "--chmod=0555" in copies
     assert f"--chown=0:0 --chmod=0711 /usr/local/bin/node {spec.runtime_path}" in copies

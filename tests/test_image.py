@@ -101,7 +101,7 @@ def test_verify_fails_on_a_wrong_label(variant: Variant) -> None:
 
 def test_verify_fails_on_a_changed_helper(variant: Variant) -> None:
     variant.build("COPY runner.mjs /opt/sandbox/runner.mjs", {"runner.mjs": b"process.exit(0)\n"})
-    assert variant.failed_checks() == {"helpers match containers/"}
+    assert variant.failed_checks() == {"helpers match the profile's"}
 
 
 def test_verify_fails_when_a_shell_is_present(variant: Variant) -> None:

@@ -454,6 +454,7 @@ anyio.run(main)
 """
 
 
+@pytest.mark.slow  # the watchdog's real timer: 30 s is the shortest lifetime the settings allow
 def test_a_killed_server_leaves_a_container_that_removes_itself_within_the_lifetime(
     engine: DockerEngine, image_id: str
 ) -> None:

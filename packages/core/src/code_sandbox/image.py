@@ -204,7 +204,7 @@ def _verify_contents(
         "no shell or package manager", not forbidden, "none found" if not forbidden else ", ".join(sorted(forbidden))
     )
     bad = sorted(path for path, digest in expected.items() if helpers.get(path) != (digest, 0o555, 0))
-    report.add("helpers match containers/", not bad, "all match" if not bad else "differ: " + ", ".join(bad))
+    report.add("helpers match the profile's", not bad, "all match" if not bad else "differ: " + ", ".join(bad))
     report.add("runtime sealed", runtime_found, f"{runtime_path} root-owned, mode {RUNTIME_MODE:o}")
 
 

