@@ -29,6 +29,7 @@ def test_defaults_match_the_documented_values() -> None:
         audit_log=None,
         profile=None,
     )
+    assert Settings() == settings  # one source of defaults: the dataclass and the loader agree
 
 
 @pytest.mark.parametrize("raw", ["0", "21", "abc", "1e3", "+5", " 5", "5 ", "٣", "", "-1", "3.0", "1_0"])

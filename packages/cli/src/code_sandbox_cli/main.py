@@ -24,7 +24,7 @@ from code_sandbox.local_run import run_local
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import TAG_RULE, Settings, is_valid_tag, load_settings
-from code_sandbox.sweep import forget_stopped_servers, survey_managed
+from code_sandbox.sweep import apply_verdicts, survey_managed
 
 app = typer.Typer(
     name="code-sandbox",
@@ -289,22 +289,13 @@ def reap(
     engine = DockerEngine(labels=settings.container_labels())
     try:
         verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime, state_dir=state_dir, tag=tag)
+        actions = apply_verdicts(engine, verdicts, state_dir=state_dir, tag=tag, everything=all_, dry_run=dry_run)
         now = time.time()
         typer.echo(
             f"{'SESSION':<16}  {'PROFILE':<20}  {'AGE':>7}  {'EXPIRES IN':>10}  {'STATE':<8}  {'OWNER':<5}  ACTION"
         )
-        failures = 0
-        removed: set[str] = set()
-        for verdict in verdicts:
+        for verdict, action in zip(verdicts, actions, strict=True):
             container = verdict.container
-            remove = verdict.remove or all_
-            action = ("would remove" if dry_run else "removed") if remove else "kept"
-            if remove and not dry_run:
-                try:
-                    engine.remove_container(container.id)
-                    removed.add(container.id)
-                except SandboxError:
-                    action, failures = "REMOVAL FAILED", failures + 1
             age = _duration(now - container.created) if container.created is not None else "?"
             expires = _duration(verdict.expires_at - now) if verdict.expires_at is not None else "?"
             owner = "?" if verdict.owner == "unknown" else verdict.owner
@@ -313,8 +304,7 @@ def reap(
                 f"{container.labels.get(LABEL_PROFILE, '?')[:20]:<20}  {age:>7}  {expires:>10}  "
                 f"{container.state[:8]:<8}  {owner:<5}  {action} ({verdict.reason if not all_ else 'all'})"
             )
-        if not dry_run:
-            forget_stopped_servers(engine, state_dir, verdicts, removed=removed, tag=tag)
+        failures = actions.count("REMOVAL FAILED")
     except SandboxError as error:
         fail(error)
     finally:

@@ -251,8 +251,3 @@ class DestroyOutput(Output):
     destroyed: bool = Field(
         description="True when a live sandbox was destroyed now; false when it was already gone (not an error)."
     )
-
-
-class ErrorDetail(Output):
-    code: str
-    message: str

@@ -46,6 +46,9 @@ _INT_SETTINGS = (
 )
 
 
+_DEFAULTS = {spec.field: spec.default for spec in _INT_SETTINGS}
+
+
 def env_name(field: str) -> str:
     """The environment variable behind a settings field, e.g. ``max_sessions`` -> ``CODE_SANDBOX_MAX_SESSIONS``."""
     return _PREFIX + field.upper()
@@ -55,12 +58,13 @@ def env_name(field: str) -> str:
 class Settings:
     """Validated operator settings. Build them with :func:`load_settings`."""
 
-    max_lifetime: int = 600
-    idle_timeout: int = 180
-    max_sessions: int = 3
-    default_timeout: int = 30
-    max_timeout: int = 120
-    warm_pool: int = 0
+    # The defaults are the table's, so that Settings() and load_settings({}) agree.
+    max_lifetime: int = _DEFAULTS["max_lifetime"]
+    idle_timeout: int = _DEFAULTS["idle_timeout"]
+    max_sessions: int = _DEFAULTS["max_sessions"]
+    default_timeout: int = _DEFAULTS["default_timeout"]
+    max_timeout: int = _DEFAULTS["max_timeout"]
+    warm_pool: int = _DEFAULTS["warm_pool"]
     audit_enabled: bool = True
     audit_log: Path | None = None
     profile: str | None = None

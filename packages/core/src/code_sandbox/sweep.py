@@ -99,26 +99,54 @@ def survey_managed(
     return [judge_container(c, max_lifetime=max_lifetime, now=now, owner_alive=owner_alive) for c in containers]
 
 
+Action = Literal["removed", "would remove", "kept", "REMOVAL FAILED"]
+
+
+def apply_verdicts(
+    engine: DockerEngine,
+    verdicts: list[Verdict],
+    *,
+    state_dir: Path | None,
+    tag: str | None = None,
+    everything: bool = False,
+    dry_run: bool = False,
+) -> list[Action]:
+    """Remove the containers the verdicts call garbage (``everything``: all of them), then forget the markers of
+    stopped servers with nothing left (:func:`forget_stopped_servers`). A dry run changes nothing.
+
+    :return: what happened to each container, in the verdicts' order.
+    """
+    actions: list[Action] = []
+    removed: set[str] = set()
+    for verdict in verdicts:
+        if not (verdict.remove or everything):
+            actions.append("kept")
+        elif dry_run:
+            actions.append("would remove")
+        else:
+            try:
+                engine.remove_container(verdict.container.id)
+            except SandboxError:
+                actions.append("REMOVAL FAILED")
+            else:
+                removed.add(verdict.container.id)
+                actions.append("removed")
+    if state_dir is not None and not dry_run:
+        forget_stopped_servers(engine, state_dir, verdicts, removed=removed, tag=tag)
+    return actions
+
+
 def sweep_managed(
     engine: DockerEngine, *, max_lifetime: int, state_dir: Path | None = None, tag: str | None = None
 ) -> tuple[list[Verdict], int]:
     """Remove the stopped, expired and orphaned managed containers (only those tagged ``tag``, when given).
     Returns the verdicts and the failed removals."""
     verdicts = survey_managed(engine, max_lifetime=max_lifetime, state_dir=state_dir, tag=tag)
-    failures = 0
-    removed: set[str] = set()
-    for verdict in verdicts:
-        if verdict.remove:
-            try:
-                engine.remove_container(verdict.container.id)
-                removed.add(verdict.container.id)
-            except SandboxError:
-                failures += 1
-        elif verdict.expires_at is None:
+    actions = apply_verdicts(engine, verdicts, state_dir=state_dir, tag=tag)
+    for verdict, action in zip(verdicts, actions, strict=True):
+        if action == "kept" and verdict.expires_at is None:
             logger.warning("kept a managed sandbox container: %s", verdict.reason)
-    if state_dir is not None:
-        forget_stopped_servers(engine, state_dir, verdicts, removed=removed, tag=tag)
-    return verdicts, failures
+    return verdicts, actions.count("REMOVAL FAILED")
 
 
 def forget_stopped_servers(
