@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from code_sandbox import server
+from code_sandbox import stdio
 from code_sandbox.settings import Settings, SettingsError, load_settings
 from code_sandbox_cli.main import app
 from typer.testing import CliRunner
@@ -103,7 +103,7 @@ def test_serve_with_an_invalid_setting_stops_with_exit_2_and_one_line_naming_the
     def serve_anyway(*_args: object) -> None:
         pytest.fail("serve started a server despite an invalid setting")
 
-    monkeypatch.setattr(server, "run_stdio_server", serve_anyway)
+    monkeypatch.setattr(stdio, "run_stdio_server", serve_anyway)
     result = CliRunner().invoke(app, ["serve"], env=_settings_env(extra_env))
     assert result.exit_code == 2
     assert result.stdout == ""

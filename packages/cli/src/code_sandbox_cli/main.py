@@ -85,7 +85,7 @@ def serve(
     settings = _settings()
     profile = _profile(settings)
     _configure_logging(verbose)
-    from code_sandbox.server import run_stdio_server
+    from code_sandbox.stdio import run_stdio_server
 
     try:
         run_stdio_server(settings, profile)
