@@ -29,3 +29,9 @@ def test_build_image_without_offline_explains_the_supported_path() -> None:
     assert result.exit_code == 2
     assert "--offline" in result.output
     assert "Traceback" not in result.output
+
+
+def test_every_command_has_help() -> None:
+    for command in ("serve", "run", "doctor", "build-image", "verify-image", "reap"):
+        result = runner.invoke(app, [command, "--help"])
+        assert result.exit_code == 0 and "Usage" in result.output, command

@@ -20,8 +20,9 @@ from code_sandbox.hardening import LABEL_TAG
 
 RUN_ENV = "CODE_SANDBOX_TEST_RUN"
 RUN_DIR_ENV = "CODE_SANDBOX_TEST_RUN_DIR"
-LOCKS = ("serial-gate.lock", "serial-tests.lock", "image.lock")
-"""The run's own files in its directory: the serial gate's locks (:func:`hold_test_slot`) and :func:`image_lock`."""
+LOCKS = ("serial-gate.lock", "serial-tests.lock", "image.lock", "image-verified")
+"""The run's own files in its directory: the serial gate's locks (:func:`hold_test_slot`), :func:`image_lock`, and
+the image ID that a worker verified for the run."""
 
 
 def new_run_id() -> str:
@@ -105,11 +106,13 @@ def hold_test_slot(run_dir: Path, *, serial: bool) -> Generator[None]:
 
 
 @contextlib.contextmanager
-def image_lock() -> Generator[None]:
-    """Held while a worker verifies, and if need be builds, the sandbox image: one worker at a time."""
-    fd = os.open(Path(os.environ[RUN_DIR_ENV]) / LOCKS[2], os.O_RDWR | os.O_CREAT, 0o600)
+def image_lock() -> Generator[Path]:
+    """Held while a worker verifies, and if need be builds, the sandbox image: one worker at a time. Yields the
+    file where the run records the image ID that passed (an ID names its content, so one check serves the run)."""
+    run_dir = Path(os.environ[RUN_DIR_ENV])
+    fd = os.open(run_dir / LOCKS[2], os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield run_dir / LOCKS[3]
     finally:
         os.close(fd)
