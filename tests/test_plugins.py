@@ -10,6 +10,8 @@ from code_sandbox import hookspecs
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hookspecs import HelperKind, ImageContents, ImageSpec, ProfileInfo, hookimpl
 from code_sandbox.plugins import create_plugin_manager, select_profile
+from code_sandbox.server import SandboxServer
+from code_sandbox.settings import load_settings
 
 CORE_SOURCE = Path(hookspecs.__file__).parent
 
@@ -25,6 +27,7 @@ class ToyProfile:
             run_tool_description="Run a toy program.",
             language="Toy",
             entrypoint_suffixes=(".toy",),
+            execute_tool_name="try_toy",
         )
 
     @hookimpl
@@ -104,7 +107,7 @@ def test_a_profile_that_answers_nothing_gives_a_profile_error() -> None:
     class Mute:
         @hookimpl
         def code_sandbox_profile_info(self) -> ProfileInfo:
-            return ProfileInfo("mute", "run_mute", "", "Mute", (".m",))
+            return ProfileInfo("mute", "run_mute", "", "Mute", (".m",), "execute_mute")
 
     profile = select_profile(create_plugin_manager(load_entry_points=False, plugins=[Mute()]), None)
     with pytest.raises(SandboxError) as caught:
@@ -144,3 +147,10 @@ def test_only_the_engine_module_imports_docker() -> None:
                 if any(name == "docker" or name.startswith("docker.") for name in names):
                     importers.add(source.name)
     assert importers == {"engine.py"}
+
+
+def test_the_server_names_its_run_and_one_shot_tools_as_the_profile_says() -> None:
+    profile = select_profile(create_plugin_manager(plugins=[ToyProfile()]), "toy-offline")
+    server = SandboxServer(load_settings({}), profile)
+    assert {"run_toy", "try_toy"} <= set(server.tool_defs)
+    assert not {name for name in server.tool_defs if "javascript" in name}

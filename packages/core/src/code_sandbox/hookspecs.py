@@ -30,6 +30,8 @@ class ProfileInfo:
     :param run_tool_description: that tool's description, written for a model.
     :param language: the language's display name, e.g. ``JavaScript``.
     :param entrypoint_suffixes: the file suffixes an entrypoint may have, e.g. ``(".js", ".mjs", ".cjs")``.
+    :param execute_tool_name: the one-shot MCP tool (fresh sandbox, write, run, destroy), e.g.
+        ``execute_javascript``.
     """
 
     name: str
@@ -37,6 +39,7 @@ class ProfileInfo:
     run_tool_description: str
     language: str
     entrypoint_suffixes: tuple[str, ...]
+    execute_tool_name: str
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,7 @@ class SandboxServer(MCPServer[None]):
         state_dir: Path | None = None,
     ) -> None:
         info = profile.info
-        self.execute_tool_name = "execute_" + info.run_tool_name.removeprefix("run_")
+        self.execute_tool_name = info.execute_tool_name
         words = {
             "language": info.language,
             "run_tool": info.run_tool_name,

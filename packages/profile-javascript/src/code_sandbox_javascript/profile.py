@@ -57,6 +57,7 @@ def code_sandbox_profile_info() -> ProfileInfo:
         run_tool_description=RUN_TOOL_DESCRIPTION,
         language="JavaScript",
         entrypoint_suffixes=(".js", ".mjs", ".cjs"),
+        execute_tool_name="execute_javascript",
     )
 
 
