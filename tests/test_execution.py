@@ -16,6 +16,8 @@ from code_sandbox.execution import HOST_GRACE_SECONDS, RunResult, run_entrypoint
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.workspace import list_files, write_files
 
+from tests.support.output import on_first_output
+
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 MiB = 1024 * 1024
 
@@ -179,13 +181,11 @@ async def test_a_cancelled_run_frees_the_session_quickly_and_others_are_served(
     freed_after: list[float] = []
     running = anyio.Event()
 
-    async def on_output(stream: str, data: bytes) -> None:
-        del stream, data
-        running.set()
-
     async def cancelled_run(scope: anyio.CancelScope) -> None:
         with scope:
-            await run_entrypoint(manager, session.id, "slow.js", [], timeout_seconds=60, output=on_output)
+            await run_entrypoint(
+                manager, session.id, "slow.js", [], timeout_seconds=60, output=on_first_output(running)
+            )
 
     scope = anyio.CancelScope()
     cancelled_at = float("inf")

@@ -19,7 +19,7 @@ from typing import Any, cast
 import anyio
 import anyio.to_thread
 import pytest
-from code_sandbox.engine import ContainerFacts, DockerEngine
+from code_sandbox.engine import DockerEngine
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER, LABEL_TAG, ContainerRequest
 from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
 from code_sandbox.server import SandboxServer
@@ -31,7 +31,7 @@ from mcp.types import CallToolResult, TextContent
 from tests.conftest import WORKER_TAG
 from tests.support import inspector
 from tests.support.clock import FakeClock
-from tests.support.run import command_env
+from tests.support.run import command_env, worker_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("image_id", "cleanup_managed")]
 
@@ -72,15 +72,10 @@ def connect(
     return Client(server, mode="legacy")
 
 
-def mine(engine: DockerEngine) -> list[ContainerFacts]:
-    """The managed containers of this worker's tests, servers in subprocesses included."""
-    return engine.list_containers(f"{LABEL_MANAGED}=true", f"{LABEL_TAG}={WORKER_TAG}")
-
-
 async def none_of_mine(engine: DockerEngine, within: float = 20) -> None:
     """Wait (at most ``within`` seconds) until this worker has no managed container left."""
     with anyio.fail_after(within):
-        while await anyio.to_thread.run_sync(mine, engine):  # noqa: ASYNC110 - Docker has no event to await
+        while await anyio.to_thread.run_sync(worker_containers, engine):  # noqa: ASYNC110 - Docker has no event to await
             await anyio.sleep(0.1)
 
 
@@ -192,7 +187,7 @@ async def test_execute_javascript_runs_once_and_leaves_no_sandbox(tmp_path: Path
         assert ok(await client.call_tool("execute_javascript", arguments))["stdout"] == "42\n"
         failing = {"files": [{"path": "a.js", "content": "throw new Error('x')"}], "entrypoint": "a.js"}
         assert ok(await client.call_tool("execute_javascript", failing))["exit_code"] == 1
-        assert mine(engine) == []
+        assert worker_containers(engine) == []
 
 
 async def test_every_client_reachable_error_code_arrives_as_a_tool_error(tmp_path: Path, engine: DockerEngine) -> None:
@@ -238,7 +233,7 @@ async def test_an_idle_sandbox_answers_session_expired(tmp_path: Path, engine: D
     idle = {"idle_timeout": "10", "max_lifetime": "30", "max_timeout": "20", "default_timeout": "5"}
     async with connect(engine, tmp_path, clock=clock, **idle) as client:
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
-        assert len(mine(engine)) == 1  # the in-process server's containers carry this worker's tag
+        assert len(worker_containers(engine)) == 1  # the in-process server's containers carry this worker's tag
         clock.advance(9.5)
         ok(await client.call_tool("list_files", {"session_id": sid}))  # not idle long enough; the call resets it
         clock.advance(10.5)  # idle for 10.5 s, 20 s old: the idle timeout, not the lifetime, ends it
@@ -385,7 +380,7 @@ async def test_the_servers_stdout_carries_only_json_rpc_while_it_runs_logs_and_f
     answered = {message["id"] for message in messages if "result" in message}
     assert len(answered) == 7  # initialize, tools/list and five tool calls: every answer came through stdout
     assert any(message.get("method") == "notifications/progress" for message in messages)
-    assert mine(engine) == []
+    assert worker_containers(engine) == []
 
 
 def _spawn_server(tmp_path: Path, **settings: str) -> subprocess.Popen[bytes]:
@@ -421,7 +416,7 @@ def test_the_server_removes_its_sandboxes_and_exits_0_on_eof_or_sigterm(
         _initialize_and_create(proc)
         # The session, and the warm container that refills the pool behind it.
         deadline = time.monotonic() + 30
-        while len(mine(engine)) < 2:
+        while len(worker_containers(engine)) < 2:
             assert time.monotonic() < deadline, "the warm pool did not refill"
             time.sleep(0.1)
         started = time.monotonic()
@@ -432,7 +427,7 @@ def test_the_server_removes_its_sandboxes_and_exits_0_on_eof_or_sigterm(
             proc.stdin.close()
         assert proc.wait(timeout=10) == 0
         assert time.monotonic() - started < 10
-    assert mine(engine) == []
+    assert worker_containers(engine) == []
 
 
 async def test_a_tagged_servers_start_up_sweep_removes_its_tags_garbage_and_leaves_other_clients_alone(
@@ -462,11 +457,11 @@ def test_a_killed_servers_sandbox_is_swept_by_the_next_server_and_a_live_peers_i
 ) -> None:
     with _spawn_server(tmp_path) as live, _spawn_server(tmp_path) as doomed:
         _initialize_and_create(live)
-        kept = {c.id for c in mine(engine)}
+        kept = {c.id for c in worker_containers(engine)}
         _initialize_and_create(doomed)
-        orphan = {c.id for c in mine(engine)} - kept
+        orphan = {c.id for c in worker_containers(engine)} - kept
         assert len(kept) == 1 and len(orphan) == 1
-        owners = {c.labels[LABEL_OWNER] for c in mine(engine)}
+        owners = {c.labels[LABEL_OWNER] for c in worker_containers(engine)}
         assert len(owners) == 2  # each server labels its containers with its own liveness marker's token
         doomed.send_signal(signal.SIGKILL)
         doomed.wait(timeout=10)
@@ -477,13 +472,13 @@ def test_a_killed_servers_sandbox_is_swept_by_the_next_server_and_a_live_peers_i
             while engine.container_facts(next(iter(orphan))) is not None:
                 assert time.monotonic() < deadline, "the next server's sweep left the orphan"
                 time.sleep(0.1)
-            assert {c.id for c in mine(engine)} == kept
+            assert {c.id for c in worker_containers(engine)} == kept
             next_server.stdin.close()
             assert next_server.wait(timeout=10) == 0
         assert live.stdin is not None
         live.stdin.close()
         assert live.wait(timeout=10) == 0
-    assert mine(engine) == []
+    assert worker_containers(engine) == []
 
 
 async def test_an_unreachable_daemon_at_start_gives_container_unavailable_not_a_crash(tmp_path: Path) -> None:
@@ -536,7 +531,7 @@ def test_an_independent_client_the_mcp_inspector_lists_and_calls_the_tools(
     destroy = ("tools/call", "--tool-name", "destroy_sandbox", "--tool-arg", f"session_id={session_id}")
     destroyed = _inspector(mcp_inspector, tmp_path, *destroy)
     assert destroyed["isError"] is False and destroyed["structuredContent"] == {"destroyed": False}
-    assert mine(engine) == []
+    assert worker_containers(engine) == []
     # The servers had the test's settings: they wrote the audit log the test named.
     records = [json.loads(line) for line in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
     assert [r["tool"] for r in records] == ["create_sandbox", "destroy_sandbox"]

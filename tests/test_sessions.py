@@ -32,7 +32,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import TEST_LABEL, WORKER_TAG
 from tests.support.clock import FakeClock
-from tests.support.run import command_env
+from tests.support.run import command_env, worker_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 MiB = 1024 * 1024
@@ -460,11 +460,11 @@ def test_a_killed_server_leaves_a_container_that_removes_itself_within_the_lifet
 ) -> None:
     del image_id
     env = command_env(max_lifetime="30", idle_timeout="10", max_timeout="20", default_timeout="5")
-    before = {c.id for c in engine.list_containers(f"{LABEL_MANAGED}=true", f"{LABEL_TAG}={WORKER_TAG}")}
+    before = {c.id for c in worker_containers(engine)}
     with subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT], stdout=subprocess.PIPE, env=env) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"ready"
-        orphans = {c.id for c in engine.list_containers(f"{LABEL_MANAGED}=true", f"{LABEL_TAG}={WORKER_TAG}")} - before
+        orphans = {c.id for c in worker_containers(engine)} - before
         assert len(orphans) == 1
         proc.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()

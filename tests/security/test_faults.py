@@ -17,27 +17,17 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.plugins import Profile
-from code_sandbox.relay import OutputSink
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import write_files
 
 from tests.security.conftest import Arena
-from tests.support.run import worker_tag
+from tests.support.output import on_first_output
+from tests.support.run import worker_containers, worker_tag
 from tests.support.second_engine import SecondEngine
-from tests.test_server import CLI, mine, server_env
+from tests.test_server import CLI, server_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
-
-
-def on_first_output(event: anyio.Event) -> OutputSink:
-    """An output callback that sets ``event`` when the program first writes: it is running."""
-
-    async def seen(stream: str, data: bytes) -> None:
-        del stream, data
-        event.set()
-
-    return seen
 
 
 async def test_a_container_removed_during_a_run_gives_a_clear_error_and_the_next_call_works(
@@ -168,7 +158,7 @@ def test_a_client_disconnecting_during_a_run_removes_the_containers_and_the_serv
         assert json.loads(proc.stdout.readline())["id"] == 1
         # The first progress notification: the run is under way (they start after a second of running).
         assert json.loads(proc.stdout.readline())["method"] == "notifications/progress"
-        assert mine(engine) != []
+        assert worker_containers(engine) != []
         proc.stdin.close()  # the client goes away
         assert proc.wait(timeout=10) == 0
-    assert mine(engine) == []
+    assert worker_containers(engine) == []

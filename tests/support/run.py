@@ -16,7 +16,7 @@ from pathlib import Path
 
 from code_sandbox.engine import ContainerFacts, DockerEngine
 from code_sandbox.errors import SandboxError
-from code_sandbox.hardening import LABEL_TAG
+from code_sandbox.hardening import LABEL_MANAGED, LABEL_TAG
 
 RUN_ENV = "CODE_SANDBOX_TEST_RUN"
 RUN_DIR_ENV = "CODE_SANDBOX_TEST_RUN_DIR"
@@ -51,6 +51,11 @@ def command_env(**settings: str) -> dict[str, str]:
 def containers_of_run(engine: DockerEngine, run: str) -> list[ContainerFacts]:
     """Every container on the engine whose tag says this run made it (any worker, any suffix)."""
     return [c for c in engine.list_containers(LABEL_TAG) if c.labels.get(LABEL_TAG, "").startswith(run + "-")]
+
+
+def worker_containers(engine: DockerEngine) -> list[ContainerFacts]:
+    """The managed containers this worker's tests made, servers in subprocesses included."""
+    return engine.list_containers(f"{LABEL_MANAGED}=true", f"{LABEL_TAG}={worker_tag()}")
 
 
 def remove_tagged(engine: DockerEngine, tag: str) -> int:
