@@ -136,7 +136,8 @@ async def core_api(iterations: int, warm_pool: int) -> dict[str, list[float]]:
                     samples["run hello"], run_entrypoint(manager, session.id, "index.js", [], timeout_seconds=10)
                 )
                 # A survey started and read at once, as after a cancel; a run starts its own beside the program.
-                await atimed(samples["cleanup survey"], verify_cleanup(manager, session))
+                async with manager.channel(session.id) as channel:
+                    await atimed(samples["cleanup survey"], verify_cleanup(channel))
                 await atimed(samples["destroy"], manager.destroy(session.id))
             group.cancel_scope.cancel()
     finally:

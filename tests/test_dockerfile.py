@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from code_sandbox.plugins import Profile
+from code_sandbox.profile import Profile
+from code_sandbox.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
 
 DOCKERFILE = Path(__file__).parents[1] / "containers" / "Dockerfile.nodejs"
 HELPERS = "packages/profile-javascript/src/code_sandbox_javascript/helpers"  # the build context is the checkout
@@ -46,7 +47,8 @@ def test_final_stage_has_the_offline_builds_labels_user_and_paths(profile: Profi
     stage = _final_stage()
     spec = profile.image_spec()
     labels = dict(re.findall(r'([\w.-]+)="([^"]*)"', " ".join(rest for keyword, rest in stage if keyword == "LABEL")))
-    assert set(labels) == {*spec.labels, spec.runtime_version_label}
+    assert set(labels) == {*spec.labels, spec.runtime_version_label, PROTOCOL_LABEL}
+    assert labels[PROTOCOL_LABEL] == str(PROTOCOL_VERSION)
     for key in ("io.code-sandbox.profile", "io.code-sandbox.runtime-version"):
         assert labels[key] == spec.labels[key]
     assert ("USER", "65533:65533") in stage

@@ -10,12 +10,14 @@ from typing import Any
 import anyio
 import pytest
 from code_sandbox import execution
-from code_sandbox.engine import DockerEngine, ExecResult
+from code_sandbox.engine import ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import HOST_GRACE_SECONDS, RunResult, run_entrypoint
 from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.transport import StderrSink
 from code_sandbox.workspace import list_files, write_files
 
+from tests.support.edited_transport import EditedTransport, is_run
 from tests.support.output import on_first_output
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
@@ -136,7 +138,7 @@ async def test_a_run_near_the_end_of_the_lifetime_times_out_instead_of_failing(
 
 
 async def test_a_garbled_runner_answer_destroys_the_session(manager: SessionManager, session: Session) -> None:
-    manager.engine = _EditedRunnerAnswer(manager.engine, lambda answer: answer.pop("stdout_b64"))  # type: ignore[assignment]
+    manager.transport = _edited_runner_answer(manager, lambda answer: answer.pop("stdout_b64"))
     with pytest.raises(SandboxError) as caught:
         await run(manager, session, "console.log(1)")
     assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
@@ -236,28 +238,20 @@ async def test_a_runner_that_stops_answering_is_caught_by_the_host_deadline(
     assert manager.engine.container_facts(session.container_id) is None
 
 
-class _EditedRunnerAnswer:
-    """Wraps the real engine and edits the runner's answer: faults no real program can force (cleanup failing)
-    or that user code sharing the runner's uid could cause (a garbled answer)."""
+def _edited_runner_answer(manager: SessionManager, edit: Callable[[dict[str, Any]], None]) -> EditedTransport:
+    """The runner's answer edited: faults no real program can force (cleanup failing) or that user code sharing
+    the runner's uid could cause (a garbled answer)."""
 
-    def __init__(self, engine: DockerEngine, edit: Callable[[dict[str, Any]], None]) -> None:
-        self._engine = engine
-        self._edit = edit
+    def edit_result(_argv: list[str], result: ExecResult, _on_stderr: StderrSink | None) -> ExecResult:
+        answer = json.loads(result.stdout)
+        edit(answer)
+        return ExecResult(result.exit_code, json.dumps(answer).encode() + b"\n", result.stderr)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def exec(self, container_id: str, argv: list[str], **kwargs: Any) -> ExecResult:
-        result = self._engine.exec(container_id, argv, **kwargs)
-        if any(arg.endswith("runner.mjs") for arg in argv) and argv[-1] == "-":  # a run, not --kill-all or --survey
-            answer = json.loads(result.stdout)
-            self._edit(answer)
-            return ExecResult(result.exit_code, json.dumps(answer).encode() + b"\n", result.stderr)
-        return result
+    return EditedTransport(manager.engine, manager.profile, is_run, edit_result)
 
 
 async def test_failed_process_cleanup_destroys_the_session(manager: SessionManager, session: Session) -> None:
-    manager.engine = _EditedRunnerAnswer(manager.engine, lambda answer: answer.update(cleanup="failed"))  # type: ignore[assignment]
+    manager.transport = _edited_runner_answer(manager, lambda answer: answer.update(cleanup="failed"))
     with pytest.raises(SandboxError) as caught:
         await run(manager, session, "console.log(1)")
     assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED

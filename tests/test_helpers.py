@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 from typing import Any
 
@@ -12,9 +11,10 @@ import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import PROBE_UID, ContainerRequest, Hardening, user_of
-from code_sandbox.helpers import call_helper
-from code_sandbox.protocol import InventoryAnswer, Refusal, RunAnswer
+from code_sandbox.profile import Profile
+from code_sandbox.protocol import InventoryAnswer, InventoryRequest, Refusal, RunRequest
 from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.transport import DockerTransport, Target
 from code_sandbox.workspace import read_file
 
 from tests.conftest import TEST_LABEL, WORKER_TAG
@@ -25,12 +25,11 @@ MiB = 1024 * 1024
 
 def run_program(manager: SessionManager, session: Session, source: str, *, timeout_ms: int = 10_000) -> dict[str, Any]:
     """Run JavaScript through the runner helper, as the run tool does."""
-    argv = [*manager.profile.helper_argv("runner"), json.dumps(
-        {"argv": ["/usr/local/bin/node", "-e", source], "timeout_ms": timeout_ms, "stdout_cap": MiB, "stderr_cap": MiB}
-    )]  # fmt: skip
-    answer = call_helper(
-        manager.engine, session.container_id, argv, user=session.user, answer=RunAnswer, timeout=timeout_ms / 1000 + 10
+    request = RunRequest(
+        argv=["/usr/local/bin/node", "-e", source], timeout_ms=timeout_ms, stdout_cap=MiB, stderr_cap=MiB, stream=False
     )
+    target = Target(session.container_id, session.user)
+    answer = manager.transport.run(target, request, timeout=timeout_ms / 1000 + 10)
     return answer.model_dump()
 
 
@@ -64,7 +63,7 @@ class _NoWorkspaceTmpfs(Hardening):
 
 
 def test_a_fifo_in_the_workspace_is_refused_by_the_file_helper(
-    engine: DockerEngine, profile: Any, image_id: str
+    engine: DockerEngine, profile: Profile, image_id: str
 ) -> None:
     # User code cannot make a FIFO here (no mknod in Node, no shell, no binaries), so the FIFO is baked into a
     # derived image and the workspace tmpfs left off; the file helper must still refuse to work.
@@ -90,8 +89,8 @@ def test_a_fifo_in_the_workspace_is_refused_by_the_file_helper(
     )
     container_id = engine.create_container(request)
     try:
-        argv = [*profile.helper_argv("files"), "inventory", "{}"]
-        answer = call_helper(engine, container_id, argv, user=user_of(PROBE_UID), answer=InventoryAnswer, timeout=30)
+        target = Target(container_id, user_of(PROBE_UID))
+        answer = DockerTransport(engine, profile).files(target, InventoryRequest(), InventoryAnswer, timeout=30)
     finally:
         engine.remove_container(container_id)
         engine.untag_image(tag)

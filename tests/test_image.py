@@ -4,39 +4,43 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 from code_sandbox.engine import DockerEngine
-from code_sandbox.hookspecs import HelperKind, ImageSpec, ProfileInfo, hookimpl
 from code_sandbox.image import verify_image
-from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
+from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, Profile
 
 from tests.support.run import worker_tag
 
 pytestmark = pytest.mark.docker
 
 
-class OwnTagProfile:
+class OwnTagProfile(Profile):
     """The installed profile under another name, whose image spec names a tag of the test's own: verification
     then looks at what the test built, and the shared image and its allowlisted tag stay untouched."""
 
     def __init__(self, base: Profile, tag: str) -> None:
         self.base = base
         self.tag = tag
+        self.info = replace(base.info, name=f"{base.name}-own-tag")
 
-    @hookimpl
-    def code_sandbox_profile_info(self) -> ProfileInfo:
-        return replace(self.base.info, name=f"{self.base.name}-own-tag")
-
-    @hookimpl
-    def code_sandbox_image_spec(self) -> ImageSpec:
+    def image_spec(self) -> ImageSpec:
         return replace(self.base.image_spec(), tag=self.tag)
 
-    @hookimpl
-    def code_sandbox_helper_argv(self, helper: HelperKind) -> list[str]:
+    def image_contents(self, runtime: Path | None) -> ImageContents:
+        return self.base.image_contents(runtime)
+
+    def build_run_argv(self, entrypoint: str, arguments: Sequence[str]) -> list[str]:
+        return self.base.build_run_argv(entrypoint, arguments)
+
+    def helper_argv(self, helper: HelperKind) -> list[str]:
         return self.base.helper_argv(helper)
+
+    def probe_argv(self) -> list[str]:
+        return self.base.probe_argv()
 
 
 @dataclass
@@ -75,7 +79,7 @@ def _context(dockerfile: str, files: dict[str, bytes]) -> io.BytesIO:
 def variant(engine: DockerEngine, profile: Profile, image_id: str) -> Iterator[Variant]:
     """Nothing is built under the test's tag until the test builds it; afterwards the tag and the variant are gone."""
     tag = f"code-sandbox-test-variant:{worker_tag()}"
-    own = select_profile(create_plugin_manager(load_entry_points=False, plugins=[OwnTagProfile(profile, tag)]), None)
+    own = OwnTagProfile(profile, tag)
     assert engine.image_facts(tag) is None, f"{tag} is left from an earlier test"
     yield Variant(engine, own, image_id)
     # Removing a variant's last tag removes the variant (not its parent, the good image); it fails while a

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from code_sandbox.plugins import Profile
+from code_sandbox.profile import Profile
 
 from tests.support.run import command_env
 from tests.support.second_engine import SecondEngine

@@ -2,36 +2,42 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import fields, replace
 from pathlib import Path
 
+import code_sandbox_cli
 import pytest
 from code_sandbox import hookspecs
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hookspecs import HelperKind, ImageContents, ImageSpec, ProfileInfo, hookimpl
-from code_sandbox.plugins import create_plugin_manager, select_profile
+from code_sandbox.hookspecs import hookimpl
+from code_sandbox.plugins import create_plugin_manager, installed_profiles, select_profile
+from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, Profile, ProfileInfo
+from code_sandbox.protocol import PROTOCOL_VERSION
 from code_sandbox.server import SandboxServer
 from code_sandbox.settings import load_settings
 
 CORE_SOURCE = Path(hookspecs.__file__).parent
 
 
-class ToyProfile:
-    """A test-only profile for an imaginary runtime; core must serve it through the hooks alone."""
+class ToyProfile(Profile):
+    """A test-only profile for an imaginary runtime; core must serve it through the profile API alone."""
 
-    @hookimpl
-    def code_sandbox_profile_info(self) -> ProfileInfo:
-        return ProfileInfo(
-            name="toy-offline",
-            run_tool_name="run_toy",
-            run_tool_description="Run a toy program.",
-            language="Toy",
-            entrypoint_suffixes=(".toy",),
-            execute_tool_name="try_toy",
-        )
+    info = ProfileInfo(
+        name="toy-offline",
+        language="Toy",
+        run_tool_name="run_toy",
+        run_tool_description="Run a toy program.",
+        execute_tool_name="try_toy",
+        entrypoint_suffixes=(".toy",),
+        default_entrypoints=("main.toy",),
+        example_path="src/a.toy",
+        runtime_description="a toy binary",
+        protocol_version=PROTOCOL_VERSION,
+    )
 
-    @hookimpl
-    def code_sandbox_image_spec(self) -> ImageSpec:
+    def image_spec(self) -> ImageSpec:
         return ImageSpec(
             tag="toy:1",
             labels={"io.code-sandbox.profile": "toy-offline"},
@@ -41,25 +47,34 @@ class ToyProfile:
             runtime_version_argv=("/usr/bin/toy", "-V"),
         )
 
-    @hookimpl
-    def code_sandbox_build_run_argv(self, entrypoint: str, arguments: Sequence[str]) -> list[str]:
+    def image_contents(self, runtime: Path | None) -> ImageContents:
+        return ImageContents(
+            runtime_source=runtime or Path("/usr/bin/toy"), runtime_path="/usr/bin/toy", runtime_version="1"
+        )
+
+    def build_run_argv(self, entrypoint: str, arguments: Sequence[str]) -> list[str]:
         return ["/usr/bin/toy", "run", f"/workspace/{entrypoint}", *arguments]
 
-    @hookimpl
-    def code_sandbox_helper_argv(self, helper: HelperKind) -> list[str]:
+    def helper_argv(self, helper: HelperKind) -> list[str]:
         return ["/usr/bin/toy", f"/opt/toy/{helper}"]
 
+    def probe_argv(self) -> list[str]:
+        return ["/usr/bin/toy", "--probe"]
+
+
+class ToyPlugin:
+    def __init__(self, *profiles: Profile) -> None:
+        self.profiles = profiles or (ToyProfile(),)
+
     @hookimpl
-    def code_sandbox_image_contents(self, runtime_binary: Path | None) -> ImageContents:
-        return ImageContents(
-            runtime_source=runtime_binary or Path("/usr/bin/toy"), runtime_path="/usr/bin/toy", runtime_version="1"
-        )
+    def code_sandbox_register_profiles(self, register: Callable[[Profile], None]) -> None:
+        for profile in self.profiles:
+            register(profile)
 
 
 def test_installed_plugins_provide_exactly_the_javascript_offline_profile() -> None:
     pm = create_plugin_manager()
-    names = [info.name for info in pm.hook.code_sandbox_profile_info()]
-    assert names == ["javascript-offline"]
+    assert list(installed_profiles(pm)) == ["javascript-offline"]
     profile = select_profile(pm, None)
     assert profile.info.run_tool_name == "run_javascript"
     assert profile.info.entrypoint_suffixes == (".js", ".mjs", ".cjs")
@@ -71,20 +86,20 @@ def test_javascript_run_argv_is_a_list_with_proto_disabled() -> None:
     assert argv == ["/usr/local/bin/node", "--disable-proto=throw", "/workspace/src/main.mjs", "--flag", "a b", "$(x)"]
 
 
-def test_a_second_profile_is_served_through_the_hooks_alone_when_named() -> None:
-    pm = create_plugin_manager(plugins=[ToyProfile()])
+def test_a_second_profile_is_served_through_the_profile_api_alone_when_named() -> None:
+    pm = create_plugin_manager(plugins=[ToyPlugin()])
     profile = select_profile(pm, "toy-offline")
     assert profile.info.run_tool_name == "run_toy"
     assert profile.build_run_argv("a.toy", ["x"]) == ["/usr/bin/toy", "run", "/workspace/a.toy", "x"]
     assert profile.helper_argv("runner") == ["/usr/bin/toy", "/opt/toy/runner"]
     assert profile.image_spec().tag == "toy:1"
-    # The JavaScript profile's answers do not leak into the toy profile's calls, nor the reverse.
+    # Each profile answers for itself: the JavaScript profile's answers stay its own.
     javascript = select_profile(pm, "javascript-offline")
     assert javascript.helper_argv("runner") == ["/usr/local/bin/node", "--disable-sigusr1", "/opt/sandbox/runner.mjs"]
 
 
 def test_two_profiles_without_a_name_is_a_startup_error() -> None:
-    pm = create_plugin_manager(plugins=[ToyProfile()])
+    pm = create_plugin_manager(plugins=[ToyPlugin()])
     with pytest.raises(SandboxError) as caught:
         select_profile(pm, None)
     assert caught.value.code == ErrorCode.PROFILE_ERROR
@@ -103,26 +118,49 @@ def test_naming_a_profile_that_is_not_installed_is_a_startup_error() -> None:
     assert caught.value.code == ErrorCode.PROFILE_ERROR
 
 
-def test_a_profile_that_answers_nothing_gives_a_profile_error() -> None:
-    class Mute:
+def test_a_plugin_that_registers_something_else_is_a_startup_error() -> None:
+    class Confused:
         @hookimpl
-        def code_sandbox_profile_info(self) -> ProfileInfo:
-            return ProfileInfo("mute", "run_mute", "", "Mute", (".m",), "execute_mute")
+        def code_sandbox_register_profiles(self, register: Callable[[object], None]) -> None:
+            register(ToyProfile.info)  # the info, not a profile
 
-    profile = select_profile(create_plugin_manager(load_entry_points=False, plugins=[Mute()]), None)
     with pytest.raises(SandboxError) as caught:
-        profile.image_spec()
+        select_profile(create_plugin_manager(load_entry_points=False, plugins=[Confused()]), None)
     assert caught.value.code == ErrorCode.PROFILE_ERROR
 
 
-def test_every_hookspec_is_documented_with_params_and_return() -> None:
+def test_two_profiles_with_one_name_is_a_startup_error() -> None:
+    pm = create_plugin_manager(load_entry_points=False, plugins=[ToyPlugin(ToyProfile(), ToyProfile())])
+    with pytest.raises(SandboxError) as caught:
+        select_profile(pm, "toy-offline")
+    assert caught.value.code == ErrorCode.PROFILE_ERROR
+
+
+def test_a_profile_of_another_helper_protocol_version_is_refused() -> None:
+    class Older(ToyProfile):
+        info = replace(ToyProfile.info, protocol_version=PROTOCOL_VERSION - 1)
+
+    pm = create_plugin_manager(load_entry_points=False, plugins=[ToyPlugin(Older())])
+    with pytest.raises(SandboxError) as caught:
+        select_profile(pm, None)
+    assert caught.value.code == ErrorCode.PROFILE_ERROR
+    assert "protocol" in caught.value.message
+
+
+def test_the_hookspec_and_every_profile_method_are_documented() -> None:
     specs = [obj for name, obj in inspect.getmembers(hookspecs) if name.startswith("code_sandbox_")]
-    assert len(specs) == 5
-    for spec in specs:
-        doc = inspect.getdoc(spec) or ""
-        assert ":return:" in doc, spec.__name__
-        for parameter in inspect.signature(spec).parameters:
-            assert f":param {parameter}:" in doc, (spec.__name__, parameter)
+    assert [spec.__name__ for spec in specs] == ["code_sandbox_register_profiles"]
+    doc = inspect.getdoc(specs[0]) or ""
+    assert ":return:" in doc and ":param register:" in doc
+    for name in Profile.__abstractmethods__:
+        assert inspect.getdoc(getattr(Profile, name)), name
+    documented = (Path(__file__).parents[1] / "docs" / "profiles.md").read_text()
+    for name in [
+        *Profile.__abstractmethods__,
+        *(f.name for f in fields(ProfileInfo)),
+        "code_sandbox_register_profiles",
+    ]:
+        assert f"`{name}" in documented, name
 
 
 def test_core_never_imports_the_javascript_package() -> None:
@@ -150,7 +188,26 @@ def test_only_the_engine_module_imports_docker() -> None:
 
 
 def test_the_server_names_its_run_and_one_shot_tools_as_the_profile_says() -> None:
-    profile = select_profile(create_plugin_manager(plugins=[ToyProfile()]), "toy-offline")
+    profile = select_profile(create_plugin_manager(plugins=[ToyPlugin()]), "toy-offline")
     server = SandboxServer(load_settings({}), profile)
     assert {"run_toy", "try_toy"} <= set(server.tool_defs)
     assert not {name for name in server.tool_defs if "javascript" in name}
+
+
+RUNTIME_WORDS = re.compile(
+    r"\b(node(js)?|javascript|typescript|npm|npx|yarn|pnpm|corepack|deno|bun|cpython|pip|pypi|ruby|gem)\b"
+    r"|\.[mc]?js\b|--node\b",
+    re.IGNORECASE,
+)
+
+
+def test_core_and_the_cli_name_no_runtime() -> None:
+    """Everything runtime-specific comes from the profile: a runtime's name in core or the CLI is a leak."""
+    sources = [*CORE_SOURCE.rglob("*.py"), *Path(code_sandbox_cli.__file__).parent.rglob("*.py")]
+    leaks = [
+        f"{source.name}:{number}: {line.strip()}"
+        for source in sources
+        for number, line in enumerate(source.read_text().splitlines(), 1)
+        if RUNTIME_WORDS.search(line)
+    ]
+    assert leaks == []

@@ -12,11 +12,11 @@ import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, user_of
-from code_sandbox.helpers import call_helper
-from code_sandbox.plugins import Profile
+from code_sandbox.profile import Profile
 from code_sandbox.protocol import ReadyAnswer
 from code_sandbox.sessions import CLAIM_SIGNAL, POOL_MARGIN_SECONDS, POOL_RETRY_SECONDS, SessionManager
 from code_sandbox.settings import Settings
+from code_sandbox.transport import DockerTransport, Target
 from code_sandbox.workspace import write_files
 
 from tests.conftest import TEST_LABEL
@@ -125,10 +125,10 @@ def _watchdog_container(engine: DockerEngine, profile: Profile, image_id: str, *
 
 def _wait_until_ready(engine: DockerEngine, profile: Profile, container: str) -> None:
     """Poll until the container's watchdog can take its claim signal (as the pool does before handing it out)."""
-    argv = [*profile.helper_argv("runner"), "--watchdog-ready"]
+    transport, target = DockerTransport(engine, profile), Target(container, user_of(PROBE_UID))
     bound = time.monotonic() + 10
     while True:
-        answer = call_helper(engine, container, argv, user=user_of(PROBE_UID), answer=ReadyAnswer, timeout=5)
+        answer = transport.watchdog_ready(target, timeout=5)
         assert isinstance(answer, ReadyAnswer), answer
         if answer.ready:
             return

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.hardening import LABEL_MANAGED, LABEL_TAG, ContainerRequest
-from code_sandbox.plugins import Profile
+from code_sandbox.profile import Profile
 
 from tests.conftest import WORKER_TAG
 from tests.support.run import LOCKS, containers_of_run, hold_test_slot, remove_tagged, run_id, stray_files

@@ -21,7 +21,8 @@ import anyio.to_thread
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER, LABEL_TAG, ContainerRequest
-from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
+from code_sandbox.plugins import create_plugin_manager, select_profile
+from code_sandbox.profile import Profile
 from code_sandbox.server import SandboxServer
 from code_sandbox.settings import load_settings
 from mcp import Client, ClientSession, StdioServerParameters

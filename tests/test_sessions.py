@@ -23,7 +23,7 @@ from code_sandbox.hardening import (
     SANDBOX_UIDS,
     ContainerRequest,
 )
-from code_sandbox.plugins import Profile
+from code_sandbox.profile import Profile
 from code_sandbox.sessions import Session, SessionManager, require_enforcement
 from code_sandbox.settings import Settings
 from code_sandbox.sweep import judge_container, sweep_managed
@@ -258,30 +258,29 @@ async def test_the_reaper_removes_expired_sessions(
     assert engine.container_facts(session.container_id) is None
 
 
-class FlakyRemoval:
-    """Wraps the real engine; removal fails on demand (Docker cannot be made to fail one removal)."""
+class FlakyRemoval(DockerEngine):
+    """The real engine (same daemon, same labels); removal fails on demand (Docker cannot be made to fail one
+    removal)."""
 
     def __init__(self, engine: DockerEngine, failures: int) -> None:
-        self._engine = engine
+        super().__init__(timeout=engine.timeout, labels=engine.labels, base_url=engine.base_url)
+        self.verified_images = engine.verified_images
         self.failures = failures
         self.attempts = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
 
     def remove_container(self, container_id: str) -> bool:
         self.attempts += 1
         if self.failures > 0:
             self.failures -= 1
             raise SandboxError(ErrorCode.CONTAINER_REMOVAL_FAILED, "injected")
-        return self._engine.remove_container(container_id)
+        return super().remove_container(container_id)
 
 
 async def test_a_failed_removal_is_kept_and_retried_by_destroy_and_by_the_reaper(
     manager: SessionManager, engine: DockerEngine
 ) -> None:
     flaky = FlakyRemoval(engine, failures=0)
-    manager.engine = flaky  # type: ignore[assignment]
+    manager.engine = flaky
     session = await manager.create()
     flaky.failures, flaky.attempts = 2, 0
     with pytest.raises(SandboxError) as caught:

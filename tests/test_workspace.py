@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 
 import anyio.to_thread
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.helpers import call_helper
 from code_sandbox.paths import validate_path
-from code_sandbox.plugins import Profile
-from code_sandbox.protocol import DigestAnswer, Refusal
+from code_sandbox.profile import Profile
+from code_sandbox.protocol import DigestAnswer, DigestRequest, Refusal
 from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.transport import DockerTransport, Target
 from code_sandbox.workspace import (
     MiB,
     delete_files,
@@ -204,8 +203,10 @@ candidate = st.lists(name, min_size=1, max_size=4).map("/".join)
 
 
 def _helper_verdict(engine: DockerEngine, profile: Profile, session: Session, path: str) -> str:
-    argv = [*profile.helper_argv("files"), "digest", json.dumps({"path": path})]
-    answer = call_helper(engine, session.container_id, argv, user=session.user, answer=DigestAnswer, timeout=30)
+    # Unvalidated on purpose: the helper must refuse what the host's model (and validator) would never send.
+    request = DigestRequest.model_construct(path=path)
+    target = Target(session.container_id, session.user)
+    answer = DockerTransport(engine, profile).files(target, request, DigestAnswer, timeout=30)
     return "ok" if not isinstance(answer, Refusal) or answer.code == "NOT_FOUND" else answer.code
 
 

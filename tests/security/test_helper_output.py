@@ -1,7 +1,7 @@
 """Helper output as an attack: whatever a helper writes, the host parses it strictly or destroys the sandbox.
 
 User code can no longer reach the runner's pipes (see test_trust_boundary.py), so these faults are injected at the
-engine boundary, around a real container: the real helper runs, then its output is replaced or extended.
+transport's exec, around a real container: the real helper runs, then its output is replaced or extended.
 """
 
 from __future__ import annotations
@@ -9,45 +9,20 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
 import pytest
-from code_sandbox.engine import DockerEngine, ExecResult
+from code_sandbox.engine import ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import SUPERVISOR_USER
 from code_sandbox.relay import PROGRESS_BURST, UpdateBudget
 from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.transport import StderrSink
 from code_sandbox.workspace import list_files, write_files
 
+from tests.support.edited_transport import Edit, EditedTransport, is_file_operation, is_run
+
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
-
-Edit = Callable[[list[str], ExecResult, dict[str, Any]], ExecResult]
-
-
-class _EditedHelper:
-    """The real engine, with one helper's exec result edited by ``edit`` (which may also feed ``on_stderr``)."""
-
-    def __init__(self, engine: DockerEngine, match: Callable[[list[str]], bool], edit: Edit) -> None:
-        self._engine = engine
-        self._match = match
-        self._edit = edit
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def exec(self, container_id: str, argv: list[str], **kwargs: Any) -> ExecResult:
-        result = self._engine.exec(container_id, argv, **kwargs)
-        return self._edit(argv, result, kwargs) if self._match(argv) else result
-
-
-def _is_run(argv: list[str]) -> bool:
-    return any(arg.endswith("runner.mjs") for arg in argv) and argv[-1] == "-"
-
-
-def _is_list(argv: list[str]) -> bool:
-    return any(arg.endswith("files.mjs") for arg in argv) and "list" in argv
 
 
 @pytest.fixture
@@ -58,15 +33,16 @@ async def session(manager: SessionManager) -> Session:
 
 
 def _poison_stderr(line: bytes) -> Edit:
-    def edit(_argv: list[str], result: ExecResult, kwargs: dict[str, Any]) -> ExecResult:
-        kwargs["on_stderr"](line + b"\n")
+    def edit(_argv: list[str], result: ExecResult, on_stderr: StderrSink | None) -> ExecResult:
+        assert on_stderr is not None
+        on_stderr(line + b"\n")
         return result
 
     return edit
 
 
 def _replace_stdout(stdout: bytes, exit_code: int | None = 0) -> Edit:
-    return lambda _argv, _result, _kwargs: ExecResult(exit_code, stdout, b"")
+    return lambda _argv, _result, _on_stderr: ExecResult(exit_code, stdout, b"")
 
 
 async def _progress(_elapsed: float, _output: int) -> None:
@@ -99,7 +75,7 @@ async def _progress(_elapsed: float, _output: int) -> None:
 async def test_malformed_runner_output_destroys_the_session_with_a_stable_code(
     manager: SessionManager, session: Session, edit: Edit
 ) -> None:
-    manager.engine = _EditedHelper(manager.engine, _is_run, edit)  # type: ignore[assignment]
+    manager.transport = EditedTransport(manager.engine, manager.profile, is_run, edit)
     with pytest.raises(SandboxError) as caught:
         await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=_progress)
     assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
@@ -107,9 +83,10 @@ async def test_malformed_runner_output_destroys_the_session_with_a_stable_code(
 
 
 async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionManager, session: Session) -> None:
-    manager.engine = _EditedHelper(  # type: ignore[assignment]
-        manager.engine, _is_run, lambda _argv, result, _kwargs: ExecResult(1, result.stdout, result.stderr)
-    )
+    def nonzero_exit(_argv: list[str], result: ExecResult, _on_stderr: StderrSink | None) -> ExecResult:
+        return ExecResult(1, result.stdout, result.stderr)
+
+    manager.transport = EditedTransport(manager.engine, manager.profile, is_run, nonzero_exit)
     with pytest.raises(SandboxError) as caught:
         await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
     assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
@@ -129,7 +106,9 @@ async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionMan
 async def test_malformed_file_helper_answers_destroy_the_session(
     manager: SessionManager, session: Session, stdout: bytes
 ) -> None:
-    manager.engine = _EditedHelper(manager.engine, _is_list, _replace_stdout(stdout))  # type: ignore[assignment]
+    manager.transport = EditedTransport(
+        manager.engine, manager.profile, is_file_operation("list"), _replace_stdout(stdout)
+    )
     with pytest.raises(SandboxError) as caught:
         await list_files(manager, session.id, ".", recursive=True, max_depth=2)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message
@@ -142,9 +121,10 @@ async def test_a_flood_of_progress_lines_is_dropped_unparsed_past_the_budget(
     line = b'{"elapsed_ms":1,"stdout_bytes":1,"stderr_bytes":1}\n'
     flood = line * (8 * 1024 * 1024 // len(line))
 
-    def edit(_argv: list[str], result: ExecResult, kwargs: dict[str, Any]) -> ExecResult:
+    def edit(_argv: list[str], result: ExecResult, on_stderr: StderrSink | None) -> ExecResult:
+        assert on_stderr is not None
         for start in range(0, len(flood), 65536):
-            kwargs["on_stderr"](flood[start : start + 65536])
+            on_stderr(flood[start : start + 65536])
         return result
 
     updates: list[float] = []
@@ -152,7 +132,7 @@ async def test_a_flood_of_progress_lines_is_dropped_unparsed_past_the_budget(
     async def progress(elapsed: float, _output: int) -> None:
         updates.append(elapsed)
 
-    manager.engine = _EditedHelper(manager.engine, _is_run, edit)  # type: ignore[assignment]
+    manager.transport = EditedTransport(manager.engine, manager.profile, is_run, edit)
     result = await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=progress)
     assert (result.exit_code, result.stdout) == (0, "hi\n")
     # 160k lines arrive within a fraction of a second: the burst and a few refills are parsed, the rest dropped.
@@ -182,7 +162,7 @@ async def test_a_process_that_survives_the_run_destroys_the_session(manager: Ses
             real.exec(session.container_id, argv, user=session.user, timeout=40, max_stdout=1024,
                       on_stderr=lambda _chunk: None, exit_code=False)  # fmt: skip
 
-    def edit(_argv: list[str], result: ExecResult, _kwargs: dict[str, Any]) -> ExecResult:
+    def edit(_argv: list[str], result: ExecResult, _on_stderr: StderrSink | None) -> ExecResult:
         threading.Thread(target=start_survivor, daemon=True).start()
         deadline = time.monotonic() + 10
         while not survivor_started.is_set() and time.monotonic() < deadline:
@@ -192,7 +172,7 @@ async def test_a_process_that_survives_the_run_destroys_the_session(manager: Ses
                 survivor_started.set()
         return result
 
-    manager.engine = _EditedHelper(real, _is_run, edit)  # type: ignore[assignment]
+    manager.transport = EditedTransport(real, manager.profile, is_run, edit)
     with pytest.raises(SandboxError) as caught:
         await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
     assert survivor_started.is_set()
@@ -232,11 +212,10 @@ let n = 0; const t = setInterval(() => { console.log(`line ${n}`); if (++n === 2
 async def test_a_write_answer_with_the_wrong_number_of_results_destroys_the_session(
     manager: SessionManager, session: Session
 ) -> None:
-    def is_write(argv: list[str]) -> bool:
-        return any(arg.endswith("files.mjs") for arg in argv) and "write" in argv
-
     stdout = b'{"ok":true,"results":["written"],"entries":3,"bytes":10}\n'
-    manager.engine = _EditedHelper(manager.engine, is_write, _replace_stdout(stdout))  # type: ignore[assignment]
+    manager.transport = EditedTransport(
+        manager.engine, manager.profile, is_file_operation("write"), _replace_stdout(stdout)
+    )
     with pytest.raises(SandboxError) as caught:
         await write_files(manager, session.id, [("a.txt", "a"), ("b.txt", "b")], overwrite=False)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message

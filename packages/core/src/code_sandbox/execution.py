@@ -19,7 +19,7 @@ import base64
 import binascii
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -27,19 +27,12 @@ from typing import Literal
 import anyio
 import anyio.to_thread
 
+from code_sandbox.channel import Channel
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import SUPERVISOR_USER
-from code_sandbox.helpers import HelperCrash, call_helper
 from code_sandbox.paths import validate_entrypoint
-from code_sandbox.protocol import (
-    KillAllAnswer,
-    ProtocolViolation,
-    Refusal,
-    RunAnswer,
-    SurveyAnswer,
-)
+from code_sandbox.protocol import KillAllAnswer, ProtocolViolation, Refusal, RunAnswer, RunRequest, SurveyAnswer
 from code_sandbox.relay import OutputSink, Progress, supervise
-from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.sessions import SessionManager
 
 logger = logging.getLogger(__name__)
 
@@ -104,98 +97,89 @@ async def run_entrypoint(
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")
     path = validate_entrypoint(entrypoint, manager.profile.info.entrypoint_suffixes)
     argv = manager.profile.build_run_argv(path, validate_arguments(arguments))
-    runner_argv = manager.profile.helper_argv("runner")
-    async with manager.lease(session_id) as session:
-        # Never run past the sandbox's own lifetime: its watchdog would kill the run mid-way.
-        remaining = int(session.deadline - manager.clock())
-        if remaining < 1:
-            raise SandboxError(ErrorCode.SESSION_EXPIRED, "this sandbox reached its lifetime; create a new one")
-        timeout = min(timeout, remaining)
-        request = {
-            "argv": argv,
-            "timeout_ms": timeout * 1000,
-            "stdout_cap": OUTPUT_CAP_BYTES,
-            "stderr_cap": OUTPUT_CAP_BYTES,
-            "stream": output is not None,
-        }
-        finished = threading.Event()
+    async with manager.channel(session_id) as channel:
+        return await run_program(channel, argv, timeout_seconds=timeout, progress=progress, output=output)
 
-        def call(on_stderr: Callable[[bytes], None] | None) -> RunAnswer | Refusal:
-            try:
-                return call_helper(
-                    manager.engine,
-                    session.container_id,
-                    runner_argv,
-                    user=session.user,
-                    answer=RunAnswer,
-                    request=request,
-                    timeout=timeout + HOST_GRACE_SECONDS,
-                    max_answer=8 * MiB,
-                    max_stderr=8 * MiB,  # progress lines, and streamed output when asked for
-                    on_stderr=on_stderr,
-                )
-            finally:
-                finished.set()
 
-        survey = Survey(manager, session, timeout=timeout + HOST_GRACE_SECONDS + SURVEY_TIMEOUT_SECONDS)
+async def run_program(
+    channel: Channel,
+    argv: list[str],
+    *,
+    timeout_seconds: int,
+    progress: Progress | None = None,
+    output: OutputSink | None = None,
+) -> RunResult:
+    """Run ``argv`` in a leased sandbox, then prove that nothing it started outlived it."""
+    # Never run past the sandbox's own lifetime: its watchdog would kill the run mid-way.
+    remaining = int(channel.seconds_left)
+    if remaining < 1:
+        raise SandboxError(ErrorCode.SESSION_EXPIRED, "this sandbox reached its lifetime; create a new one")
+    timeout = min(timeout_seconds, remaining)
+    request = RunRequest(
+        argv=argv,
+        timeout_ms=timeout * 1000,
+        stdout_cap=OUTPUT_CAP_BYTES,
+        stderr_cap=OUTPUT_CAP_BYTES,
+        stream=output is not None,
+    )
+    finished = threading.Event()
+
+    def call(on_stderr: Callable[[bytes], None] | None) -> RunAnswer | Refusal:
         try:
-            return await _run_and_verify(manager, session, call, survey, progress, output, finished)
+            return channel.transport.run(
+                channel.target, request, timeout=timeout + HOST_GRACE_SECONDS, on_stderr=on_stderr
+            )
         finally:
-            survey.cancel()
+            finished.set()
+
+    survey = Survey(channel, timeout=timeout + HOST_GRACE_SECONDS + SURVEY_TIMEOUT_SECONDS)
+    try:
+        return await _run_and_verify(channel, call, survey, progress, output, finished)
+    finally:
+        survey.cancel()
 
 
 async def _run_and_verify(
-    manager: SessionManager,
-    session: Session,
+    channel: Channel,
     call: Callable[[Callable[[bytes], None] | None], RunAnswer | Refusal],
     survey: Survey,
     progress: Progress | None,
     output: OutputSink | None,
     finished: threading.Event,
 ) -> RunResult:
+    crashed = SandboxError(
+        ErrorCode.SUPERVISOR_FAILED,
+        "the run's supervisor was stopped or answered out of protocol; the sandbox was destroyed",
+    )
+    hung = SandboxError(ErrorCode.TIMEOUT, "the run did not stop at its deadline; the sandbox was destroyed")
     try:
-        answer = await supervise(call, progress, output)
+        async with channel.guard(crashed=crashed, hung=hung):
+            answer = await supervise(call, progress, output)
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
-            await cancel_run(manager, session, finished)
+            await cancel_run(channel, finished)
         raise
-    except HelperCrash:
-        raise await manager.fail_closed_with(
-            session,
-            SandboxError(
-                ErrorCode.SUPERVISOR_FAILED,
-                "the run's supervisor was stopped or answered out of protocol; the sandbox was destroyed",
-            ),
-        ) from None
-    except SandboxError as error:
-        if error.code == ErrorCode.TIMEOUT:
-            raise await manager.fail_closed_with(
-                session,
-                SandboxError(ErrorCode.TIMEOUT, "the run did not stop at its deadline; the sandbox was destroyed"),
-            ) from None
-        if error.code == ErrorCode.CONTAINER_UNAVAILABLE:
-            raise await manager.fail_closed_with(session, error) from None
-        raise
-    result = await _result(manager, session, answer)
-    await require_no_survivors(manager, session, survey)
+    result = await _result(channel, answer)
+    await require_no_survivors(channel, survey)
     return result
 
 
-async def _result(manager: SessionManager, session: Session, answer: RunAnswer | Refusal | None) -> RunResult:
+async def _result(channel: Channel, answer: RunAnswer | Refusal | None) -> RunResult:
     if not isinstance(answer, RunAnswer):  # a refusal: the runner could not start the program
-        await manager.fail_closed(session)
-        raise SandboxError(ErrorCode.SUPERVISOR_FAILED, "the program could not be started; the sandbox was destroyed")
+        raise await channel.fail_closed(
+            SandboxError(ErrorCode.SUPERVISOR_FAILED, "the program could not be started; the sandbox was destroyed")
+        )
     try:
         stdout = _decode_output(answer.stdout_b64, answer.stdout_bytes, answer.stdout_truncated)
         stderr = _decode_output(answer.stderr_b64, answer.stderr_bytes, answer.stderr_truncated)
     except ProtocolViolation:
-        await manager.fail_closed(session)
-        raise SandboxError(
-            ErrorCode.SUPERVISOR_FAILED, "the run's supervisor answered out of protocol; the sandbox was destroyed"
+        raise await channel.fail_closed(
+            SandboxError(
+                ErrorCode.SUPERVISOR_FAILED, "the run's supervisor answered out of protocol; the sandbox was destroyed"
+            )
         ) from None
     if answer.cleanup != "ok":
-        await manager.fail_closed(session)
-        raise _cleanup_failed()
+        raise await channel.fail_closed(_cleanup_failed())
     reason: TerminationReason
     if answer.stdout_truncated or answer.stderr_truncated:
         reason = "OUTPUT_LIMIT_EXCEEDED"
@@ -253,27 +237,17 @@ class Survey:
     beside a run, it costs the run only that byte and the scan. Without the byte (:meth:`cancel`) it ends unheard.
     """
 
-    def __init__(self, manager: SessionManager, session: Session, *, timeout: float) -> None:
+    def __init__(self, channel: Channel, *, timeout: float) -> None:
         self._gate = threading.Event()
         self._go = False
         self._answer: SurveyAnswer | Refusal | None = None
-        self._call = partial(
-            call_helper,
-            manager.engine,
-            session.container_id,
-            [*manager.profile.helper_argv("runner"), "--survey"],
-            user=SUPERVISOR_USER,
-            answer=SurveyAnswer,
-            stdin=self._stdin(),
-            timeout=timeout,
-        )
+        self._call = partial(channel.transport.survey, channel.target, self._release, timeout=timeout)
         self._thread = threading.Thread(target=self._work, name="code-sandbox survey", daemon=True)
         self._thread.start()
 
-    def _stdin(self) -> Iterator[bytes]:
+    def _release(self) -> bool:
         self._gate.wait()
-        if self._go:
-            yield b"\n"
+        return self._go
 
     def _work(self) -> None:
         try:
@@ -295,7 +269,7 @@ class Survey:
         self._gate.set()
 
 
-async def require_no_survivors(manager: SessionManager, session: Session, survey: Survey) -> None:
+async def require_no_survivors(channel: Channel, survey: Survey) -> None:
     """Destroy the sandbox (``PROCESS_CLEANUP_FAILED``) unless a survey proves that nothing outlived the run.
 
     Shielded: a cancellation must skip neither the proof nor the destroy. A survey that could not answer (one
@@ -304,34 +278,25 @@ async def require_no_survivors(manager: SessionManager, session: Session, survey
     with anyio.CancelScope(shield=True):
         alive = await survey.count()
         if alive is None:
-            alive = await Survey(manager, session, timeout=SURVEY_TIMEOUT_SECONDS).count()
+            alive = await Survey(channel, timeout=SURVEY_TIMEOUT_SECONDS).count()
         if alive != 0:
-            logger.warning("session %s: processes outlived their run, or the survey failed", session.hash)
-            raise await manager.fail_closed_with(session, _cleanup_failed())
+            logger.warning("sandbox %s: processes outlived their run, or the survey failed", channel.name)
+            raise await channel.fail_closed(_cleanup_failed())
 
 
-async def verify_cleanup(manager: SessionManager, session: Session) -> None:
+async def verify_cleanup(channel: Channel) -> None:
     """Prove now that no process of the sandbox user is left, or destroy the sandbox."""
-    await require_no_survivors(manager, session, Survey(manager, session, timeout=SURVEY_TIMEOUT_SECONDS))
+    await require_no_survivors(channel, Survey(channel, timeout=SURVEY_TIMEOUT_SECONDS))
 
 
-async def cancel_run(manager: SessionManager, session: Session, finished: threading.Event) -> None:
+async def cancel_run(channel: Channel, finished: threading.Event) -> None:
     """Kill every process of the sandbox user at once and wait for the abandoned run call to end.
 
     The kill is repeated while the call lingers: a cancel that lands while the runner is still being started
     must not let it start afterwards and run unsupervised. If the call does not end, or the kill cannot be
     verified by the supervisor's survey, the sandbox is destroyed.
     """
-    argv = [*manager.profile.helper_argv("runner"), "--kill-all"]
-    kill_all = partial(
-        call_helper,
-        manager.engine,
-        session.container_id,
-        argv,
-        user=session.user,
-        answer=KillAllAnswer,
-        timeout=CANCEL_TIMEOUT_SECONDS,
-    )
+    kill_all = partial(channel.transport.kill_all, channel.target, timeout=CANCEL_TIMEOUT_SECONDS)
     for _attempt in range(CANCEL_KILL_ATTEMPTS):
         try:
             answer = await anyio.to_thread.run_sync(kill_all, abandon_on_cancel=True)
@@ -346,9 +311,9 @@ async def cancel_run(manager: SessionManager, session: Session, finished: thread
                 await anyio.sleep(0.02)
         if finished.is_set():
             try:
-                await verify_cleanup(manager, session)
+                await verify_cleanup(channel)
             except SandboxError:
                 return  # destroyed by verify_cleanup
-            logger.info("session %s: cancelled run stopped", session.hash)
+            logger.info("sandbox %s: cancelled run stopped", channel.name)
             return
-    await manager.fail_closed(session)
+    await channel.fail_closed(_cleanup_failed())

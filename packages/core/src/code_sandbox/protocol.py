@@ -11,8 +11,14 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+PROTOCOL_VERSION = 1
+"""The version of these messages and of the helpers' command lines and framing. A profile declares the version its
+helpers speak, and the image carries it as the label :data:`PROTOCOL_LABEL`; both must equal this."""
+PROTOCOL_LABEL = "io.code-sandbox.protocol"
+
 MAX_SAFE_INTEGER = 2**53
-"""The largest integer JavaScript represents exactly; no honest count or duration comes near it."""
+"""The largest integer an IEEE 754 double represents exactly, which JSON numbers are in many runtimes; no honest
+count or duration comes near it."""
 MAX_B64_CHARS = (64 * 1024 * 1024 * 4) // 3 + 4
 """Base64 of the runner's largest output cap (64 MiB)."""
 MAX_TEXT_CHARS = 2 * 1024 * 1024
@@ -30,6 +36,68 @@ class Message(BaseModel):
     """A helper message: strict types, no unknown keys, immutable."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+# -- requests (host to helper) ------------------------------------------------------------------------------------
+
+WorkspacePath = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_CHARS)]
+
+
+class WriteRequest(Message):
+    """``files write``: the limits to keep; the files follow as :class:`WriteHeader` and their bytes."""
+
+    overwrite: bool
+    max_file_bytes: Count
+    max_entries: Count
+    max_total_bytes: Count
+
+
+class WriteHeaderEntry(Message):
+    path: WorkspacePath
+    size: Count
+
+
+class WriteHeader(Message):
+    """The second frame of a write: each file's path and size, in the order their bytes follow."""
+
+    files: Annotated[list[WriteHeaderEntry], Field(max_length=MAX_RESULTS)]
+
+
+class ListRequest(Message):
+    path: Annotated[str, StringConstraints(max_length=MAX_PATH_CHARS)]  # "" is the workspace root
+    recursive: bool
+    max_depth: Count
+    max_entries: Count
+
+
+class ReadRequest(Message):
+    path: WorkspacePath
+    max_bytes: Count
+
+
+class DeleteRequest(Message):
+    paths: Annotated[list[WorkspacePath], Field(max_length=MAX_RESULTS)]
+
+
+class DigestRequest(Message):
+    path: WorkspacePath
+
+
+class InventoryRequest(Message):
+    """``files inventory``: count what the workspace holds, checking its integrity."""
+
+
+class RunRequest(Message):
+    """``runner -``: run ``argv`` in its own process group, with output caps and a deadline."""
+
+    argv: Annotated[list[Annotated[str, StringConstraints(max_length=65536)]], Field(min_length=1, max_length=256)]
+    timeout_ms: Annotated[int, Field(ge=1, le=86_400_000)]
+    stdout_cap: Count
+    stderr_cap: Count
+    stream: bool
+
+
+# -- answers and lines (helper to host) ----------------------------------------------------------------------------
 
 
 class Refusal(Message):
@@ -140,6 +208,22 @@ class InventoryAnswer(Message):
     entries: Count
     bytes: Count
     overflow: bool
+
+
+class ProbeAnswer(Message):
+    """What the kernel enforces, seen from inside a hardened container (the profile's probe, for ``doctor``).
+
+    ``None`` means the probe could not read the value.
+    """
+
+    memory_max: Count | None
+    pids_max: Count | None
+    interfaces: Annotated[list[Annotated[str, StringConstraints(max_length=64)]], Field(max_length=64)]
+    root_writable: bool
+    seccomp: Annotated[int, Field(ge=0, le=2)] | None
+    no_new_privs: bool | None
+    cap_eff: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,16}$")] | None
+    apparmor: Annotated[str, StringConstraints(max_length=256)] | None
 
 
 M = TypeVar("M", bound=Message)

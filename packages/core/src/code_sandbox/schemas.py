@@ -43,7 +43,7 @@ WorkspacePath = Annotated[
     str,
     Field(
         description=(
-            "A path relative to the workspace root, with '/' separators, e.g. 'src/util.js'. No absolute paths, "
+            "A path relative to the workspace root, with '/' separators, e.g. 'data/input.txt'. No absolute paths, "
             "'..', '.', empty components, drive letters, ':' or a leading '-'. At most 1024 bytes and 20 levels."
         ),
         min_length=1,
@@ -133,14 +133,15 @@ Argument = Annotated[str, Field(max_length=MAX_ARGUMENT_BYTES)]
 
 
 def run_input_models(
-    *, entrypoint_suffixes: tuple[str, ...], default_timeout: int, max_timeout: int
+    *, entrypoint_suffixes: tuple[str, ...], example_entrypoint: str, default_timeout: int, max_timeout: int
 ) -> tuple[type[StrictInput], type[StrictInput]]:
-    """The run tool's and execute_javascript's input models, bounded by this server's settings."""
+    """The run tool's and the one-shot tool's input models, bounded by this server's settings."""
     suffixes = ", ".join(entrypoint_suffixes)
     entrypoint: Any = (
         str,
         Field(
-            description=f"The file to run, relative to the workspace root, ending in {suffixes}; e.g. 'index.js'.",
+            description=f"The file to run, relative to the workspace root, ending in {suffixes}; e.g. "
+            f"'{example_entrypoint}'.",
             min_length=1,
             max_length=MAX_PATH_CHARS,
         ),
@@ -190,7 +191,7 @@ class CreateSandboxOutput(Output):
     session_id: str = Field(description="Pass this to every other tool. It is a secret-like random token.")
     expires_at: str = Field(description="UTC time (ISO 8601) when the sandbox is destroyed whatever happens.")
     idle_timeout_seconds: int = Field(description="The sandbox is destroyed after this long without a call.")
-    profile: str = Field(description="The runtime profile, e.g. javascript-offline.")
+    profile: str = Field(description="The name of the runtime profile that serves the sandbox.")
 
 
 class FileStatus(Output):

@@ -31,7 +31,7 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.liveness import ServerMarker, default_state_dir
-from code_sandbox.plugins import Profile
+from code_sandbox.profile import Profile
 from code_sandbox.schemas import (
     CreateSandboxInput,
     CreateSandboxOutput,
@@ -156,6 +156,7 @@ class SandboxServer(MCPServer[None]):
             "language": info.language,
             "run_tool": info.run_tool_name,
             "execute_tool": self.execute_tool_name,
+            "example_path": info.example_path,
             "idle": settings.idle_timeout,
             "lifetime": settings.max_lifetime,
             "sessions": settings.max_sessions,
@@ -176,6 +177,7 @@ class SandboxServer(MCPServer[None]):
         self.audit = AuditLog(settings.audit_log, enabled=settings.audit_enabled)
         run_model, execute_model = run_input_models(
             entrypoint_suffixes=info.entrypoint_suffixes,
+            example_entrypoint=info.default_entrypoints[0],
             default_timeout=settings.default_timeout,
             max_timeout=settings.max_timeout,
         )

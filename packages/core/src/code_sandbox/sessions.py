@@ -20,6 +20,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from code_sandbox.channel import Channel
 from code_sandbox.engine import DaemonFacts, DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
@@ -33,11 +34,11 @@ from code_sandbox.hardening import (
     ContainerRequest,
     user_of,
 )
-from code_sandbox.helpers import call_helper
 from code_sandbox.image import verify_image
-from code_sandbox.plugins import Profile
+from code_sandbox.profile import Profile
 from code_sandbox.protocol import ReadyAnswer
 from code_sandbox.settings import Settings
+from code_sandbox.transport import DockerTransport, Target, Transport
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -112,8 +113,11 @@ class SessionManager:
         *,
         owner: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        transport: Transport | None = None,
     ) -> None:
         self.engine = engine
+        self.transport = transport or DockerTransport(engine, profile)
+        """How calls reach the helpers inside the sandboxes."""
         self.clock = clock
         """Seconds on a monotonic clock; idle timeouts, lifetimes and the pool's deadlines are measured with it."""
         self.profile = profile
@@ -160,6 +164,18 @@ class SessionManager:
                 yield session
             finally:
                 session.last_used = self.clock()
+
+    @contextlib.asynccontextmanager
+    async def channel(self, session_id: str) -> AsyncGenerator[Channel]:
+        """Lease a session (:meth:`lease`) and hand out its helpers, with this manager's fail-closed rule."""
+        async with self.lease(session_id) as session:
+            yield Channel(
+                self.transport,
+                Target(session.container_id, session.user),
+                partial(self.fail_closed_with, session),
+                seconds_left=session.deadline - self.clock(),
+                name=session.hash,
+            )
 
     # -- create -------------------------------------------------------------------------------------------------
 
@@ -322,8 +338,7 @@ class SessionManager:
 
     async def _watchdog_ready(self, container_id: str, uid: int) -> bool:
         """Wait until the watchdog can take its claim signal; claimed any sooner, it would die of it."""
-        argv = [*self.profile.helper_argv("runner"), "--watchdog-ready"]
-        ask = partial(call_helper, self.engine, container_id, argv, user=user_of(uid), answer=ReadyAnswer, timeout=5)
+        ask = partial(self.transport.watchdog_ready, Target(container_id, user_of(uid)), timeout=5)
         with anyio.move_on_after(POOL_READY_SECONDS):
             while True:
                 try:

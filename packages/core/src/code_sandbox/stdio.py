@@ -16,7 +16,7 @@ import anyio.from_thread
 import anyio.lowlevel
 from mcp.server.stdio import stdio_server
 
-from code_sandbox.plugins import Profile
+from code_sandbox.profile import Profile
 from code_sandbox.server import SandboxServer
 from code_sandbox.settings import Settings
 

@@ -30,7 +30,7 @@ without keeping a sandbox, use {execute_tool} instead.
 
 Limits, all checked before anything is written (a refused call changes nothing): 1-100 files per call, 2 MiB \
 per file (FILE_TOO_LARGE), 8 MiB per call, and a workspace of at most 100 entries (files and directories both \
-count) and 64 MiB (WORKSPACE_LIMIT_EXCEEDED). Paths are relative ('src/app.js'); '..', absolute paths and \
+count) and 64 MiB (WORKSPACE_LIMIT_EXCEEDED). Paths are relative ('{example_path}'); '..', absolute paths and \
 other escapes are refused (PATH_TRAVERSAL, INVALID_PATH).
 
 Returns a status per file: written, overwritten, or exists (left untouched because overwrite was false)."""

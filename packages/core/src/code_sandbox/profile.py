@@ -1,0 +1,136 @@
+"""The profile API: what a runtime profile is, as core sees it.
+
+A profile is an object of a :class:`Profile` subclass that a plugin registers (:mod:`code_sandbox.hookspecs`).
+Everything core knows about a runtime (its name, tools, image, argv, helpers, probe) it learns by asking that
+object; core itself names no runtime. ``docs/profiles.md`` describes how to write one.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+HelperKind = Literal["watchdog", "files", "runner"]
+"""The three in-container helpers: the lifetime watchdog, the file helper and the runner."""
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    """Who a profile is and how it looks to a client.
+
+    :param name: the profile's name, e.g. ``lua-offline``; ``CODE_SANDBOX_PROFILE`` selects by it.
+    :param language: the language's display name, e.g. ``Lua``.
+    :param run_tool_name: the MCP tool that runs an entrypoint, e.g. ``run_lua``.
+    :param run_tool_description: that tool's description, written for a model.
+    :param execute_tool_name: the one-shot MCP tool (fresh sandbox, write, run, destroy).
+    :param entrypoint_suffixes: the file suffixes an entrypoint may have, e.g. ``(".lua",)``.
+    :param default_entrypoints: what ``code-sandbox run FOLDER`` runs when not told, first match wins.
+    :param example_path: a workspace path shown in tool text and schemas, e.g. ``src/app.lua``.
+    :param ignored_directories: folder names ``code-sandbox run`` does not copy (dependency caches).
+    :param runtime_description: what ``build-image --runtime`` takes, e.g. ``a Linux lua binary``.
+    :param protocol_version: the version of the host/helper protocol (:mod:`code_sandbox.protocol`) its helpers
+        speak; core serves a profile only when it equals its own ``PROTOCOL_VERSION``.
+    """
+
+    name: str
+    language: str
+    run_tool_name: str
+    run_tool_description: str
+    execute_tool_name: str
+    entrypoint_suffixes: tuple[str, ...]
+    default_entrypoints: tuple[str, ...]
+    example_path: str
+    runtime_description: str
+    protocol_version: int
+    ignored_directories: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """The single image a profile allows, and how to check it.
+
+    :param tag: the one allowlisted tag; the server resolves it to an immutable ``sha256:`` ID and never pulls.
+    :param labels: every label the image must carry, with its exact value (core adds the protocol label).
+    :param helper_digests: in-image path of each helper -> the sha256 hex digest its file must have.
+    :param runtime_path: in-image path of the runtime binary.
+    :param runtime_version_label: the label whose value must equal what ``runtime_version_argv`` prints.
+    :param runtime_version_argv: argv that prints the runtime's version inside a hardened container.
+    :param forbidden_names: file names that must not exist anywhere in the image, besides core's (shells,
+        system package managers, privilege tools): the runtime's own package managers, say.
+    """
+
+    tag: str
+    labels: Mapping[str, str]
+    helper_digests: Mapping[str, str]
+    runtime_path: str
+    runtime_version_label: str
+    runtime_version_argv: Sequence[str]
+    forbidden_names: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ImageContents:
+    """What an offline image build puts in the image besides the users, groups and mount points core adds.
+
+    :param runtime_source: the runtime binary on the build host (a Linux ELF executable); it is installed
+        root-owned and unreadable (mode 0711), which makes every process that runs it non-dumpable.
+    :param runtime_path: where the binary goes in the image.
+    :param runtime_version: the runtime's version, e.g. ``v22.20.0``; becomes the runtime version label.
+    :param files: in-image path -> content (bytes) or host file (a path) for the helpers and any tree the runtime
+        needs (a standard library, say); all root-owned and read-only. Core adds the shared libraries that the
+        binary and any ELF file among these need.
+    :param runtime_sha256: the digest the binary must have when it comes from a pinned source, else ``None``.
+    :param reinstall_hint: how to fix a pinned binary whose digest does not match.
+    """
+
+    runtime_source: Path
+    runtime_path: str
+    runtime_version: str
+    files: Mapping[str, bytes | Path] = field(default_factory=dict[str, bytes | Path])
+    runtime_sha256: str | None = None
+    reinstall_hint: str = "reinstall the profile package"
+
+
+class Profile(abc.ABC):
+    """A runtime profile. Subclass it, fill in :attr:`info`, implement the methods, and register an instance.
+
+    Every method is called by core with validated input and must return quickly without touching Docker.
+    """
+
+    info: ProfileInfo
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @abc.abstractmethod
+    def image_spec(self) -> ImageSpec:
+        """The image this profile runs in: its tag, labels and the digests of its helpers."""
+
+    @abc.abstractmethod
+    def image_contents(self, runtime: Path | None) -> ImageContents:
+        """What the offline image build needs.
+
+        :param runtime: an operator-supplied runtime binary (``build-image --runtime``), or ``None`` for the
+            profile's own pinned or discovered one.
+        """
+
+    @abc.abstractmethod
+    def build_run_argv(self, entrypoint: str, arguments: Sequence[str]) -> list[str]:
+        """The exact argv that runs an entrypoint in the sandbox (cwd ``/workspace``); no shell is ever involved.
+
+        :param entrypoint: a validated workspace-relative path with an allowed suffix.
+        :param arguments: validated program arguments, passed through as separate argv entries.
+        """
+
+    @abc.abstractmethod
+    def helper_argv(self, helper: HelperKind) -> list[str]:
+        """The argv prefix that starts one of the in-container helpers; core appends the helper's arguments."""
+
+    @abc.abstractmethod
+    def probe_argv(self) -> list[str]:
+        """An argv that prints one :class:`code_sandbox.protocol.ProbeAnswer` line: what the kernel enforces,
+        seen from inside a hardened container (``code-sandbox doctor`` runs it as an unprivileged uid)."""

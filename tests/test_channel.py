@@ -1,0 +1,246 @@
+"""The workspace and run logic over the typed transport, without Docker: an in-memory sandbox stands in.
+
+What is checked here is core's side of the helper protocol: the requests it builds, how it judges answers, which
+error each failure becomes, and that every untrustworthy outcome destroys the sandbox (through the channel's one
+fail-closed path). The same behaviour against real helpers is in test_workspace.py, test_execution.py and
+tests/security.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Awaitable, Callable
+
+import anyio
+import pytest
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.execution import OUTPUT_CAP_BYTES, RunResult, run_program
+from code_sandbox.protocol import Refusal, RunAnswer, RunRequest
+from code_sandbox.transport import HelperCrash
+from code_sandbox.workspace import delete_files, digest_file, list_files, read_file, write_files
+
+from tests.support.memory_transport import MemorySandboxes, run_answer
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def sandboxes() -> MemorySandboxes:
+    return MemorySandboxes()
+
+
+async def test_files_round_trip_through_the_typed_requests(sandboxes: MemorySandboxes) -> None:
+    assert await write_files(sandboxes, "only", [("a.txt", "alpha"), ("src/b.txt", "βeta")], overwrite=False) == [
+        "written",
+        "written",
+    ]
+    assert await write_files(sandboxes, "only", [("a.txt", "new")], overwrite=False) == ["exists"]
+    assert await write_files(sandboxes, "only", [("a.txt", "new")], overwrite=True) == ["overwritten"]
+    entries, truncated = await list_files(sandboxes, "only", "", recursive=True, max_depth=10)
+    assert [(e.path, e.size) for e in entries] == [("a.txt", 3), ("src/b.txt", 5)] and truncated is False
+    read = await read_file(sandboxes, "only", "src/b.txt", max_bytes=100)
+    assert (read.content, read.size, read.truncated) == ("βeta", 5, False)
+    assert len(await digest_file(sandboxes, "only", "a.txt")) == 64
+    assert await delete_files(sandboxes, "only", ["a.txt", "gone.txt"]) == ["deleted", "missing"]
+    assert sandboxes.destroyed == []
+
+
+async def test_invalid_input_is_refused_before_any_sandbox_is_leased(sandboxes: MemorySandboxes) -> None:
+    attempts = [
+        write_files(sandboxes, "only", [("../up.txt", "x")], overwrite=False),
+        write_files(sandboxes, "only", [("a.txt", "x"), ("a.txt", "y")], overwrite=False),
+        write_files(sandboxes, "only", [("big.txt", "x" * (2 * 1024 * 1024 + 1))], overwrite=False),
+        list_files(sandboxes, "only", "", recursive=True, max_depth=11),
+        read_file(sandboxes, "only", "a.txt", max_bytes=0),
+        delete_files(sandboxes, "only", []),
+    ]
+    for attempt in attempts:
+        with pytest.raises(SandboxError):
+            await attempt
+    assert sandboxes.leases == 0 and sandboxes.transport.calls == []
+
+
+@pytest.mark.parametrize(
+    ("helper_code", "expected"),
+    [
+        ("NOT_FOUND", ErrorCode.NOT_FOUND),
+        ("PATH_TRAVERSAL", ErrorCode.PATH_TRAVERSAL),
+        ("NOT_A_FILE", ErrorCode.INVALID_PATH),
+        ("BINARY_FILE", ErrorCode.BINARY_FILE),
+        ("WORKSPACE_LIMIT_EXCEEDED", ErrorCode.WORKSPACE_LIMIT_EXCEEDED),
+    ],
+)
+async def test_a_helper_refusal_becomes_its_error_and_keeps_the_sandbox(
+    sandboxes: MemorySandboxes, helper_code: str, expected: ErrorCode
+) -> None:
+    sandboxes.transport.edit_answer = lambda _answer: {"ok": False, "code": helper_code, "message": "no"}
+    with pytest.raises(SandboxError) as caught:
+        await read_file(sandboxes, "only", "a.txt", max_bytes=10)
+    assert caught.value.code == expected
+    assert sandboxes.destroyed == []
+
+
+@pytest.mark.parametrize(
+    ("refusal", "expected"),
+    [
+        ({"code": "WORKSPACE_INTEGRITY"}, ErrorCode.WORKSPACE_INTEGRITY),
+        ({"code": "WORKSPACE_LIMIT_EXCEEDED", "partial": True}, ErrorCode.WORKSPACE_LIMIT_EXCEEDED),
+        ({"code": "SOMETHING_NEW"}, ErrorCode.INTERNAL_ERROR),
+    ],
+    ids=["integrity", "partial-write", "unknown-code"],
+)
+async def test_a_refusal_that_leaves_the_workspace_untrusted_destroys_the_sandbox(
+    sandboxes: MemorySandboxes, refusal: dict[str, object], expected: ErrorCode
+) -> None:
+    sandboxes.transport.edit_answer = lambda _answer: {"ok": False, "message": "no", **refusal}
+    with pytest.raises(SandboxError) as caught:
+        await write_files(sandboxes, "only", [("a.txt", "x")], overwrite=False)
+    assert caught.value.code == expected and "destroyed" in caught.value.message
+    assert sandboxes.destroyed == [expected]
+
+
+async def test_a_per_path_answer_of_the_wrong_length_destroys_the_sandbox(sandboxes: MemorySandboxes) -> None:
+    sandboxes.transport.edit_answer = lambda answer: {**answer, "results": ["deleted"]}
+    with pytest.raises(SandboxError) as caught:
+        await delete_files(sandboxes, "only", ["a.txt", "b.txt"])
+    assert caught.value.code == ErrorCode.TRANSFER_FAILED
+    assert sandboxes.destroyed == [ErrorCode.TRANSFER_FAILED]
+
+
+# -- runs ----------------------------------------------------------------------------------------------------------
+
+
+async def run(sandboxes: MemorySandboxes, *, timeout_seconds: int = 10) -> RunResult:
+    async with sandboxes.channel("only") as channel:
+        return await run_program(channel, ["/bin/program"], timeout_seconds=timeout_seconds)
+
+
+async def test_a_run_sends_its_argv_caps_and_deadline_and_is_verified_by_a_survey(sandboxes: MemorySandboxes) -> None:
+    result = await run(sandboxes, timeout_seconds=7)
+    assert (result.exit_code, result.stdout, result.termination_reason) == (0, "hi\n", "exited")
+    (request,) = sandboxes.transport.runs
+    assert request == RunRequest(
+        argv=["/bin/program"], timeout_ms=7000, stdout_cap=OUTPUT_CAP_BYTES, stderr_cap=OUTPUT_CAP_BYTES, stream=False
+    )
+    assert sandboxes.transport.calls == ["run", "survey"]
+
+
+async def test_a_run_is_cut_to_what_is_left_of_the_sandboxs_lifetime(sandboxes: MemorySandboxes) -> None:
+    sandboxes.seconds_left = 3.5
+    await run(sandboxes, timeout_seconds=60)
+    assert sandboxes.transport.runs[0].timeout_ms == 3000
+    sandboxes.seconds_left = 0.5
+    with pytest.raises(SandboxError) as caught:
+        await run(sandboxes)
+    assert caught.value.code == ErrorCode.SESSION_EXPIRED and sandboxes.destroyed == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"exit_code": None, "signal": "SIGKILL", "timed_out": True}, "timed_out"),
+        ({"exit_code": None, "signal": "SIGKILL", "oom_killed": True}, "oom_killed"),
+        ({"exit_code": None, "signal": "SIGSEGV"}, "signaled"),
+        (
+            {
+                "stdout_bytes": OUTPUT_CAP_BYTES + 1,
+                "stdout_truncated": True,
+                "stdout_b64": base64.b64encode(b"x" * OUTPUT_CAP_BYTES).decode(),
+            },
+            "OUTPUT_LIMIT_EXCEEDED",
+        ),
+    ],
+)
+async def test_how_a_program_ended_becomes_its_termination_reason(
+    sandboxes: MemorySandboxes, changes: dict[str, object], reason: str
+) -> None:
+    sandboxes.transport.answer_run = lambda _request: run_answer(**changes)
+    result = await run(sandboxes)
+    assert result.termination_reason == reason
+    assert sandboxes.destroyed == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (run_answer(stdout_bytes=4), ErrorCode.SUPERVISOR_FAILED),  # counts disagree with the bytes
+        (run_answer(stdout_b64="aGk=", stdout_truncated=True), ErrorCode.SUPERVISOR_FAILED),  # cut below the cap
+        (run_answer(cleanup="failed"), ErrorCode.PROCESS_CLEANUP_FAILED),
+        (Refusal(ok=False, code="SPAWN_FAILED", message="no"), ErrorCode.SUPERVISOR_FAILED),
+    ],
+    ids=["count-mismatch", "false-truncation", "cleanup-failed", "refusal"],
+)
+async def test_a_run_answer_that_cannot_be_trusted_destroys_the_sandbox(
+    sandboxes: MemorySandboxes, answer: RunAnswer | Refusal, expected: ErrorCode
+) -> None:
+    sandboxes.transport.answer_run = lambda _request: answer
+    with pytest.raises(SandboxError) as caught:
+        await run(sandboxes)
+    assert caught.value.code == expected
+    assert sandboxes.destroyed == [expected]
+
+
+@pytest.mark.parametrize("survivors", [1, None], ids=["survivor", "no-answer"])
+async def test_a_survey_that_does_not_prove_zero_survivors_destroys_the_sandbox(
+    sandboxes: MemorySandboxes, survivors: int | None
+) -> None:
+    sandboxes.transport.survivors = survivors
+    with pytest.raises(SandboxError) as caught:
+        await run(sandboxes)
+    assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED
+    assert sandboxes.destroyed == [ErrorCode.PROCESS_CLEANUP_FAILED]
+    # A survey that could not answer is retried once before the verdict.
+    assert sandboxes.transport.calls.count("survey") == (2 if survivors is None else 1)
+
+
+async def list_root(sandboxes: MemorySandboxes) -> object:
+    return await list_files(sandboxes, "only", "", recursive=False, max_depth=1)
+
+
+@pytest.mark.parametrize(
+    ("call", "failure", "expected"),
+    [
+        (list_root, HelperCrash(), ErrorCode.TRANSFER_FAILED),
+        (list_root, SandboxError(ErrorCode.TIMEOUT, "slow"), ErrorCode.TIMEOUT),
+        (list_root, SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "gone"), ErrorCode.CONTAINER_UNAVAILABLE),
+        (run, HelperCrash(), ErrorCode.SUPERVISOR_FAILED),
+        (run, SandboxError(ErrorCode.TIMEOUT, "slow"), ErrorCode.TIMEOUT),
+        (run, SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "gone"), ErrorCode.CONTAINER_UNAVAILABLE),
+    ],
+    ids=["file-crash", "file-hang", "file-container-gone", "run-crash", "run-hang", "run-container-gone"],
+)
+async def test_a_broken_helper_call_destroys_the_sandbox_with_a_stable_code(
+    sandboxes: MemorySandboxes,
+    call: Callable[[MemorySandboxes], Awaitable[object]],
+    failure: Exception,
+    expected: ErrorCode,
+) -> None:
+    sandboxes.transport.failure = failure
+    with pytest.raises(SandboxError) as caught:
+        await call(sandboxes)
+    assert caught.value.code == expected
+    assert sandboxes.destroyed == [expected]
+    with pytest.raises(SandboxError) as after:
+        await list_root(sandboxes)
+    assert after.value.code == ErrorCode.INVALID_SESSION
+
+
+async def test_a_cancelled_run_is_killed_and_verified_and_the_sandbox_kept(sandboxes: MemorySandboxes) -> None:
+    started, killed = threading.Event(), threading.Event()
+
+    def slow_answer(_request: RunRequest) -> RunAnswer:
+        started.set()
+        killed.wait(10)  # the memory runner ends once killed, as a real one does
+        return run_answer()
+
+    sandboxes.transport.answer_run = slow_answer
+    sandboxes.transport.on_kill_all = killed.set
+    async with anyio.create_task_group() as group:
+        group.start_soon(run, sandboxes)
+        with anyio.fail_after(5):
+            while not started.is_set():  # noqa: ASYNC110 - set by a worker thread
+                await anyio.sleep(0.01)
+        group.cancel_scope.cancel()
+    assert sandboxes.transport.calls == ["run", "kill_all", "survey"]
+    assert sandboxes.destroyed == []
