@@ -132,9 +132,27 @@ class DeleteFilesInput(StrictInput):
 Argument = Annotated[str, Field(max_length=MAX_ARGUMENT_BYTES)]
 
 
+class RunInput(StrictInput):
+    """The run tool's arguments; :func:`run_input_models` bounds and describes them for one server."""
+
+    session_id: SessionId
+    entrypoint: str
+    arguments: list[Argument]
+    timeout_seconds: int
+
+
+class ExecuteInput(StrictInput):
+    """The one-shot tool's arguments; :func:`run_input_models` bounds and describes them for one server."""
+
+    files: Files
+    entrypoint: str
+    arguments: list[Argument]
+    timeout_seconds: int
+
+
 def run_input_models(
     *, entrypoint_suffixes: tuple[str, ...], example_entrypoint: str, default_timeout: int, max_timeout: int
-) -> tuple[type[StrictInput], type[StrictInput]]:
+) -> tuple[type[RunInput], type[ExecuteInput]]:
     """The run tool's and the one-shot tool's input models, bounded by this server's settings."""
     suffixes = ", ".join(entrypoint_suffixes)
     entrypoint: Any = (
@@ -166,20 +184,10 @@ def run_input_models(
         ),
     )
     run = create_model(
-        "RunInput",
-        __base__=StrictInput,
-        session_id=(SessionId, ...),
-        entrypoint=entrypoint,
-        arguments=arguments,
-        timeout_seconds=timeout,
+        "RunInput", __base__=RunInput, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout
     )
     execute = create_model(
-        "ExecuteInput",
-        __base__=StrictInput,
-        files=(Files, ...),
-        entrypoint=entrypoint,
-        arguments=arguments,
-        timeout_seconds=timeout,
+        "ExecuteInput", __base__=ExecuteInput, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout
     )
     return run, execute
 

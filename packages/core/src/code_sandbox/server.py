@@ -1,7 +1,7 @@
-"""The MCP surface: a stdio server on ``MCPServer`` whose tools are thin translations into core.
+"""The MCP surface: the SDK's low-level ``Server`` with a table of tools, each a thin translation into core.
 
 The server owns argument validation (strict models, our error codes, no echo of submitted values) by answering
-``tools/list`` and ``tools/call`` itself; the SDK's own validation would quote the caller's input back. Every
+``tools/list`` and ``tools/call`` itself; the SDK's decorated tools would quote the caller's input back. Every
 failure becomes a tool result with ``isError: true`` whose text starts with a stable code.
 """
 
@@ -16,12 +16,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 import anyio.to_thread
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
+from mcp.server import Server, ServerRequestContext
+from mcp.types import (
+    CallToolRequestParams,
+    CallToolResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+    Tool,
+    ToolAnnotations,
+)
 from pydantic import BaseModel, ValidationError
 
 from code_sandbox import tool_text
@@ -32,6 +40,7 @@ from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.profile import Profile
+from code_sandbox.relay import Progress
 from code_sandbox.schemas import (
     CreateSandboxInput,
     CreateSandboxOutput,
@@ -40,11 +49,13 @@ from code_sandbox.schemas import (
     DeleteStatus,
     DestroyOutput,
     Entry,
+    ExecuteInput,
     FileStatus,
     ListFilesInput,
     ListFilesOutput,
     ReadFileInput,
     ReadFileOutput,
+    RunInput,
     RunOutput,
     SessionInput,
     WriteFilesInput,
@@ -59,17 +70,38 @@ from code_sandbox.workspace import delete_files, list_files, read_file, write_fi
 logger = logging.getLogger(__name__)
 
 Counts = dict[str, AuditValue]
-Handler = Callable[[Any, Context[Any, Any], Counts], Awaitable[BaseModel]]
+Context = ServerRequestContext[None]
+In = TypeVar("In", bound=BaseModel)
+Out = TypeVar("Out", bound=BaseModel)
 
 
 @dataclass(frozen=True)
-class ToolDef:
+class ToolDef(Generic[In, Out]):
+    """One tool: its name and text, strict input and output models, annotations, and the handler that turns a
+    validated input into an output (recording what the audit log should count)."""
+
     name: str
     description: str
-    input_model: type[BaseModel]
-    output_model: type[BaseModel]
+    input_model: type[In]
+    output_model: type[Out]
     annotations: ToolAnnotations
-    handler: Handler
+    handler: Callable[[In, Context, Counts], Awaitable[Out]]
+
+    def describe(self) -> Tool:
+        return Tool(
+            name=self.name,
+            description=self.description,
+            input_schema=self.input_model.model_json_schema(),
+            output_schema=self.output_model.model_json_schema(),
+            annotations=self.annotations,
+        )
+
+    async def call(self, arguments: dict[str, Any], context: Context, counts: Counts) -> Out:
+        try:
+            params = self.input_model.model_validate(arguments)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+        return await self.handler(params, context, counts)
 
 
 def _annotations(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
@@ -121,7 +153,7 @@ def _run_output(result: RunResult) -> RunOutput:
     )
 
 
-def _files_with_counts(params: Any, counts: Counts) -> list[tuple[str, str]]:
+def _files_with_counts(params: WriteFilesInput | ExecuteInput, counts: Counts) -> list[tuple[str, str]]:
     """The (path, content) pairs of a files argument, counted into the audit record."""
     files = [(f.path, f.content) for f in params.files]
     counts.update(files=len(files), bytes=sum(len(content.encode()) for _path, content in files))
@@ -139,8 +171,8 @@ def _run_counts(counts: Counts, result: RunResult) -> None:
     )
 
 
-class SandboxServer(MCPServer[None]):
-    """The code-sandbox MCP server for one profile."""
+class SandboxServer(Server[None]):
+    """The code-sandbox MCP server for one profile: the SDK's low-level server with our tool table."""
 
     def __init__(
         self,
@@ -163,11 +195,12 @@ class SandboxServer(MCPServer[None]):
             "max_timeout": settings.max_timeout,
         }
         super().__init__(
-            name="code-sandbox",
+            "code-sandbox",
             version=metadata.version("code-sandbox-core"),
             instructions=tool_text.INSTRUCTIONS.format(**words),
-            log_level="WARNING",
             lifespan=self._lifespan,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
         )
         self.settings = settings
         self.profile = profile
@@ -182,7 +215,7 @@ class SandboxServer(MCPServer[None]):
             max_timeout=settings.max_timeout,
         )
         mutating = _annotations(read_only=False, destructive=False, idempotent=False)
-        tools = [
+        tools: list[ToolDef[Any, Any]] = [
             ToolDef("create_sandbox", tool_text.CREATE_SANDBOX.format(**words), CreateSandboxInput,
                     CreateSandboxOutput, mutating, self._create),
             ToolDef("write_files", tool_text.WRITE_FILES.format(**words), WriteFilesInput, WriteFilesOutput,
@@ -204,7 +237,7 @@ class SandboxServer(MCPServer[None]):
     # -- protocol -----------------------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _lifespan(self, _server: MCPServer[None]) -> AsyncGenerator[None]:
+    async def _lifespan(self, _server: Server[None]) -> AsyncGenerator[None]:
         # Held until the end: while this lock is held, other servers' sweeps leave our containers alone, and once
         # the process is gone (however it ended) they may remove what it left.
         marker = await anyio.to_thread.run_sync(ServerMarker.acquire, self.state_dir)
@@ -240,21 +273,11 @@ class SandboxServer(MCPServer[None]):
         except SandboxError as error:
             logger.warning("start-up sweep skipped: %s", error.message)
 
-    async def list_tools(self) -> list[Tool]:
-        return [
-            Tool(
-                name=tool.name,
-                description=tool.description,
-                input_schema=tool.input_model.model_json_schema(),
-                output_schema=tool.output_model.model_json_schema(),
-                annotations=tool.annotations,
-            )
-            for tool in self.tool_defs.values()
-        ]
+    async def _list_tools(self, _ctx: Context, _params: PaginatedRequestParams | None) -> ListToolsResult:
+        return ListToolsResult(tools=[tool.describe() for tool in self.tool_defs.values()])
 
-    async def call_tool(  # type: ignore[override]
-        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
-    ) -> CallToolResult:
+    async def _call_tool(self, ctx: Context, params: CallToolRequestParams) -> CallToolResult:
+        name, arguments = params.name, params.arguments or {}
         started = time.monotonic()
         counts: Counts = {}
         raw_session = arguments.get("session_id")
@@ -264,11 +287,7 @@ class SandboxServer(MCPServer[None]):
         try:
             if tool is None:
                 raise SandboxError(ErrorCode.INVALID_REQUEST, "no tool of that name; call tools/list")
-            try:
-                params = tool.input_model.model_validate(arguments)
-            except ValidationError as exc:
-                raise validation_error(exc) from None
-            output = await tool.handler(params, cast(Context[Any, Any], context), counts)
+            output = await tool.call(arguments, ctx, counts)
             hashed = cast(str | None, counts.pop("session_hash", hashed))
             return CallToolResult(
                 content=[TextContent(type="text", text=output.model_dump_json())],
@@ -295,7 +314,7 @@ class SandboxServer(MCPServer[None]):
 
     # -- tools --------------------------------------------------------------------------------------------------
 
-    async def _create(self, _params: CreateSandboxInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+    async def _create(self, _params: CreateSandboxInput, _ctx: Context, counts: Counts) -> BaseModel:
         session = await self.manager.create()
         counts["session_hash"] = session.hash
         return CreateSandboxOutput(
@@ -305,14 +324,14 @@ class SandboxServer(MCPServer[None]):
             profile=self.profile.name,
         )
 
-    async def _write(self, params: WriteFilesInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+    async def _write(self, params: WriteFilesInput, _ctx: Context, counts: Counts) -> BaseModel:
         files = _files_with_counts(params, counts)
         statuses = await write_files(self.manager, params.session_id, files, overwrite=params.overwrite)
         return WriteFilesOutput(
             results=[FileStatus(path=path, status=status) for (path, _c), status in zip(files, statuses, strict=True)]
         )
 
-    async def _list(self, params: ListFilesInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+    async def _list(self, params: ListFilesInput, _ctx: Context, counts: Counts) -> BaseModel:
         entries, truncated = await list_files(
             self.manager, params.session_id, params.path, recursive=params.recursive, max_depth=params.max_depth
         )
@@ -321,25 +340,25 @@ class SandboxServer(MCPServer[None]):
             entries=[Entry(path=e.path, type=e.type, size=e.size) for e in entries], truncated=truncated
         )
 
-    async def _read(self, params: ReadFileInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+    async def _read(self, params: ReadFileInput, _ctx: Context, counts: Counts) -> BaseModel:
         result = await read_file(self.manager, params.session_id, params.path, max_bytes=params.max_bytes)
         counts.update(bytes=result.size, truncated=result.truncated)
         return ReadFileOutput(content=result.content, size=result.size, truncated=result.truncated)
 
-    async def _delete(self, params: DeleteFilesInput, _ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+    async def _delete(self, params: DeleteFilesInput, _ctx: Context, counts: Counts) -> BaseModel:
         statuses = await delete_files(self.manager, params.session_id, params.paths)
         counts["files"] = len(params.paths)
         return DeleteFilesOutput(
             results=[DeleteStatus(path=p, status=s) for p, s in zip(params.paths, statuses, strict=True)]
         )
 
-    async def _destroy(self, params: SessionInput, _ctx: Context[Any, Any], _counts: Counts) -> BaseModel:
+    async def _destroy(self, params: SessionInput, _ctx: Context, _counts: Counts) -> BaseModel:
         return DestroyOutput(destroyed=await self.manager.destroy(params.session_id))
 
-    async def _run(self, params: Any, ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+    async def _run(self, params: RunInput, ctx: Context, counts: Counts) -> BaseModel:
         return await self._run_in(params.session_id, params, ctx, counts)
 
-    async def _execute(self, params: Any, ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+    async def _execute(self, params: ExecuteInput, ctx: Context, counts: Counts) -> BaseModel:
         session = await self.manager.create()
         counts["session_hash"] = session.hash
         try:
@@ -349,7 +368,9 @@ class SandboxServer(MCPServer[None]):
             with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
                 await self.manager.destroy(session.id)
 
-    async def _run_in(self, session_id: str, params: Any, ctx: Context[Any, Any], counts: Counts) -> BaseModel:
+    async def _run_in(
+        self, session_id: str, params: RunInput | ExecuteInput, ctx: Context, counts: Counts
+    ) -> BaseModel:
         """The run shared by the run tool and the one-shot tool."""
         result = await run_entrypoint(
             self.manager,
@@ -363,12 +384,10 @@ class SandboxServer(MCPServer[None]):
         return _run_output(result)
 
     @staticmethod
-    def _progress(ctx: Context[Any, Any] | None) -> Callable[[float, int], Any] | None:
-        if ctx is None:
-            return None
-
+    def _progress(ctx: Context) -> Progress:
         async def report(elapsed: float, output_bytes: int) -> None:
-            await ctx.report_progress(
+            # A no-op unless the client asked for progress (a progress token in the request).
+            await ctx.session.report_progress(
                 round(elapsed, 1), None, f"running for {elapsed:.0f}s, {output_bytes} output bytes"
             )
 

@@ -88,8 +88,7 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
             if sys.platform != "win32":  # Windows' event loop has no signal handlers; stdin EOF still ends it
                 group.start_soon(stop_on_signal)
             async with stdio_server(stdin=cast(Any, StdinLines())) as (read, write):
-                lowlevel = server._lowlevel_server  # pyright: ignore[reportPrivateUsage] - run_stdio_async, our stdin
-                await lowlevel.run(read, write, lowlevel.create_initialization_options())
+                await server.run(read, write, server.create_initialization_options())
             group.cancel_scope.cancel()
 
     try:
