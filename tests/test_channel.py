@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 import anyio
 import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import OUTPUT_CAP_BYTES, RunResult, run_program
+from code_sandbox.execution import RunResult, run_program
+from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.protocol import Refusal, RunAnswer, RunRequest
 from code_sandbox.transport import HelperCrash
 from code_sandbox.workspace import delete_files, digest_file, list_files, read_file, write_files

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -20,14 +21,22 @@ import anyio
 import anyio.to_thread
 import pytest
 from code_sandbox.engine import DockerEngine
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER, LABEL_TAG, ContainerRequest
+from code_sandbox.hardening import (
+    LABEL_EXPIRES_AT,
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    LABEL_TAG,
+    ContainerRequest,
+    Hardening,
+)
+from code_sandbox.limits import MEMORY_BYTES, PROCESSES, WORDS
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
 from code_sandbox.server import SandboxServer
 from code_sandbox.settings import load_settings
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, TextContent, Tool
 
 from tests.conftest import WORKER_TAG
 from tests.support import inspector
@@ -122,6 +131,37 @@ async def test_the_tool_list_documents_every_parameter_with_annotations_and_outp
     run_props = by_name["run_javascript"].input_schema["properties"]
     assert run_props["timeout_seconds"]["maximum"] == 120 and run_props["arguments"]["maxItems"] == 32
     assert "execute_javascript" in (by_name["create_sandbox"].description or "")
+
+
+def test_every_size_the_tools_mention_is_an_enforced_limit(profile: Profile) -> None:
+    """Tool text, schemas and the profile's run description are formatted from the limits module, never retyped."""
+    server = SandboxServer(load_settings({}), profile)
+    texts = [text for tool in server.tool_defs.values() for text in _texts(tool.describe())]
+    enforced = set(WORDS.values())
+    sizes = {match.group(0) for text in texts for match in re.finditer(r"\b\d+ (?:MiB|KiB|GiB)\b", text)}
+    assert sizes and sizes <= enforced, sizes - enforced
+    assert not any(re.search(r"\{[a-z_]+\}", text) for text in texts)  # every placeholder was filled
+    run_text = server.tool_defs[profile.info.run_tool_name].description
+    assert f"{WORDS['memory']} of memory" in run_text and f"{WORDS['output_cap']} each" in run_text
+    assert Hardening().memory_bytes == MEMORY_BYTES and Hardening().pids_limit == PROCESSES
+
+
+def _texts(tool: Tool) -> list[str]:
+    """The tool's description and every description in its input and output schemas."""
+    found = [tool.description or ""]
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in cast(dict[str, object], node).items():
+                if key == "description" and isinstance(value, str):
+                    found.append(value)
+                walk(value)
+        elif isinstance(node, list):
+            for item in cast(list[object], node):
+                walk(item)
+
+    walk([tool.input_schema, tool.output_schema])
+    return found
 
 
 URL_FILES = {

@@ -9,13 +9,13 @@ import anyio.to_thread
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.limits import MiB
 from code_sandbox.paths import validate_path
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import DigestAnswer, DigestRequest, Refusal
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.transport import DockerTransport, Target
 from code_sandbox.workspace import (
-    MiB,
     delete_files,
     digest_file,
     list_files,

@@ -19,6 +19,7 @@ from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_PROFILE, LABEL_SESSION
 from code_sandbox.image import build_offline_image, verify_image
+from code_sandbox.limits import WORDS
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.local_run import run_local
 from code_sandbox.plugins import create_plugin_manager, select_profile
@@ -26,6 +27,8 @@ from code_sandbox.profile import Profile
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import TAG_RULE, Settings, is_valid_tag, load_settings
 from code_sandbox.sweep import apply_verdicts, survey_managed
+from rich.console import Console
+from rich.table import Table
 
 app = typer.Typer(
     name="code-sandbox",
@@ -161,8 +164,8 @@ async def _run_local(
     await show("stderr", result.stderr_raw[printed["stderr"] :])
     notes = {
         "timed_out": f"the program was killed at its timeout after {result.duration_ms} ms",
-        "OUTPUT_LIMIT_EXCEEDED": "the program was killed for writing more than 1 MiB to one stream",
-        "oom_killed": "the program was killed by the 512 MiB memory limit",
+        "OUTPUT_LIMIT_EXCEEDED": f"the program was killed for writing more than {WORDS['output_cap']} to one stream",
+        "oom_killed": f"the program was killed by the {WORDS['memory']} memory limit",
     }
     if result.termination_reason in notes:
         typer.echo(f"code-sandbox: {notes[result.termination_reason]}", err=True)
@@ -192,11 +195,12 @@ def doctor() -> None:
         engine.close()
     if profile is None:
         findings.insert(0, Finding("profile", False, "no usable runtime profile", "uv sync --frozen"))
-    width = max(len(finding.name) for finding in findings)
+    rows: list[tuple[str, ...]] = []
     for finding in findings:
-        typer.echo(f"{'PASS' if finding.passed else 'FAIL'}  {finding.name.ljust(width)}  {finding.detail}")
+        rows.append(("PASS" if finding.passed else "FAIL", finding.name, finding.detail))
         if finding.fix:
-            typer.echo(f"      {''.ljust(width)}  fix: {finding.fix}")
+            rows.append(("", "", f"fix: {finding.fix}"))
+    _print_table(None, rows)
     if not all(finding.passed for finding in findings):
         raise typer.Exit(1)
 
@@ -254,9 +258,7 @@ def verify_image_command() -> None:
         fail(error)
     finally:
         engine.close()
-    width = max(len(check.name) for check in report.checks)
-    for check in report.checks:
-        typer.echo(f"{'PASS' if check.passed else 'FAIL'}  {check.name.ljust(width)}  {check.detail}")
+    _print_table(None, [("PASS" if check.passed else "FAIL", check.name, check.detail) for check in report.checks])
     if not report.passed:
         typer.echo(
             "code-sandbox: the image failed verification (fix: run `code-sandbox build-image --offline`)", err=True
@@ -294,19 +296,19 @@ def reap(
         verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime, state_dir=state_dir, tag=tag)
         actions = apply_verdicts(engine, verdicts, state_dir=state_dir, tag=tag, everything=all_, dry_run=dry_run)
         now = time.time()
-        typer.echo(
-            f"{'SESSION':<16}  {'PROFILE':<20}  {'AGE':>7}  {'EXPIRES IN':>10}  {'STATE':<8}  {'OWNER':<5}  ACTION"
-        )
+        rows: list[tuple[str, ...]] = []
         for verdict, action in zip(verdicts, actions, strict=True):
             container = verdict.container
-            age = _duration(now - container.created) if container.created is not None else "?"
-            expires = _duration(verdict.expires_at - now) if verdict.expires_at is not None else "?"
-            owner = "?" if verdict.owner == "unknown" else verdict.owner
-            typer.echo(
-                f"{container.labels.get(LABEL_SESSION, '?')[:16]:<16}  "
-                f"{container.labels.get(LABEL_PROFILE, '?')[:20]:<20}  {age:>7}  {expires:>10}  "
-                f"{container.state[:8]:<8}  {owner:<5}  {action} ({verdict.reason if not all_ else 'all'})"
-            )
+            rows.append((
+                container.labels.get(LABEL_SESSION, "?")[:16],
+                container.labels.get(LABEL_PROFILE, "?")[:20],
+                _duration(now - container.created) if container.created is not None else "?",
+                _duration(verdict.expires_at - now) if verdict.expires_at is not None else "?",
+                container.state[:8],
+                "?" if verdict.owner == "unknown" else verdict.owner,
+                f"{action} ({verdict.reason if not all_ else 'all'})",
+            ))  # fmt: skip
+        _print_table(("SESSION", "PROFILE", "AGE", "EXPIRES IN", "STATE", "OWNER", "ACTION"), rows)
         failures = actions.count("REMOVAL FAILED")
     except SandboxError as error:
         fail(error)
@@ -318,6 +320,19 @@ def reap(
             f"code-sandbox: {failures} removal(s) failed (fix: check `docker info`, then run reap again)", err=True
         )
         raise typer.Exit(1)
+
+
+def _print_table(header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) -> None:
+    """Columns aligned by rich, without borders; one line per row even when stdout is a pipe or a log."""
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = 10_000
+    table = Table(box=None, pad_edge=False, show_header=header is not None, header_style="bold", show_edge=False)
+    for name in header or ("",) * max((len(row) for row in rows), default=0):
+        table.add_column(name, no_wrap=not console.is_terminal)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
 
 
 def _duration(seconds: float) -> str:

@@ -29,6 +29,7 @@ import anyio.to_thread
 
 from code_sandbox.channel import Channel
 from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.limits import MAX_ARGUMENT_BYTES, MAX_ARGUMENTS, OUTPUT_CAP_BYTES
 from code_sandbox.paths import validate_entrypoint
 from code_sandbox.protocol import KillAllAnswer, ProtocolViolation, Refusal, RunAnswer, RunRequest, SurveyAnswer
 from code_sandbox.relay import OutputSink, Progress, supervise
@@ -36,10 +37,6 @@ from code_sandbox.sessions import SessionManager
 
 logger = logging.getLogger(__name__)
 
-MiB = 1024 * 1024
-OUTPUT_CAP_BYTES = MiB
-MAX_ARGUMENTS = 32
-MAX_ARGUMENT_BYTES = 4096
 HOST_GRACE_SECONDS = 5.0
 """How long past the run's deadline the host waits for the runner before it destroys the sandbox."""
 CANCEL_TIMEOUT_SECONDS = 5.0

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from code_sandbox import limits
+
 MiB = 1024 * 1024
 
 SANDBOX_UIDS = range(0x7000_0000, 0x7000_0000 + 2**20)
@@ -59,11 +61,11 @@ def _tmpfs_options(size_bytes: int, inodes: int, uid: int) -> str:
 class Hardening:
     """Resource limits and isolation settings of one sandbox container."""
 
-    memory_bytes: int = 512 * MiB
-    nano_cpus: int = 1_000_000_000
-    pids_limit: int = 128
+    memory_bytes: int = limits.MEMORY_BYTES
+    nano_cpus: int = limits.CPUS * 1_000_000_000
+    pids_limit: int = limits.PROCESSES
     nofile: int = 1024
-    workspace_bytes: int = 64 * MiB
+    workspace_bytes: int = limits.WORKSPACE_BYTES
     scratch_bytes: int = 64 * MiB
     inodes: int = 8192
 

@@ -24,7 +24,9 @@ class ProfileInfo:
     :param name: the profile's name, e.g. ``lua-offline``; ``CODE_SANDBOX_PROFILE`` selects by it.
     :param language: the language's display name, e.g. ``Lua``.
     :param run_tool_name: the MCP tool that runs an entrypoint, e.g. ``run_lua``.
-    :param run_tool_description: that tool's description, written for a model.
+    :param run_tool_description: that tool's description, written for a model. Limits are placeholders that core
+        fills in (``{memory}``, ``{cpus}``, ``{processes}``, ``{output_cap}``, ...: :data:`code_sandbox.limits.WORDS`),
+        so the text says what is enforced; a literal brace is doubled.
     :param execute_tool_name: the one-shot MCP tool (fresh sandbox, write, run, destroy).
     :param entrypoint_suffixes: the file suffixes an entrypoint may have, e.g. ``(".lua",)``.
     :param default_entrypoints: what ``code-sandbox run FOLDER`` runs when not told, first match wins.

@@ -10,12 +10,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from code_sandbox.execution import MAX_ARGUMENT_BYTES, MAX_ARGUMENTS
-from code_sandbox.workspace import (
+from code_sandbox.limits import (
     DEFAULT_READ_BYTES,
+    MAX_ARGUMENT_BYTES,
+    MAX_ARGUMENTS,
     MAX_FILE_BYTES,
     MAX_FILES_PER_CALL,
     MAX_LIST_DEPTH,
+    WORDS,
 )
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{43}$"
@@ -56,7 +58,10 @@ class FileInput(StrictInput):
     path: WorkspacePath
     content: Annotated[
         str,
-        Field(description="The file's full text (UTF-8). At most 2 MiB once encoded.", max_length=MAX_FILE_BYTES),
+        Field(
+            description=f"The file's full text (UTF-8). At most {WORDS['file_max']} once encoded.",
+            max_length=MAX_FILE_BYTES,
+        ),
     ]
 
 
@@ -64,9 +69,10 @@ Files = Annotated[
     list[FileInput],
     Field(
         description=(
-            "1 to 100 files to write. Missing parent directories are created. Limits: 2 MiB a file, 8 MiB a "
-            "request, and a workspace of at most 100 entries (files and directories both count) and 64 MiB."
-        ),
+            "1 to {files_per_call} files to write. Missing parent directories are created. Limits: {file_max} a "
+            "file, {request_max} a request, and a workspace of at most {entries} entries (files and directories "
+            "both count) and {workspace}."
+        ).format(**WORDS),
         min_length=1,
         max_length=MAX_FILES_PER_CALL,
     ),
@@ -115,15 +121,16 @@ class ReadFileInput(StrictInput):
         default=DEFAULT_READ_BYTES,
         ge=1,
         le=MAX_FILE_BYTES,
-        description="Return at most this many bytes (default 65536, at most 2 MiB); the cut never splits a "
-        "character and sets truncated=true.",
+        description=f"Return at most this many bytes (default {DEFAULT_READ_BYTES}, at most {WORDS['file_max']}); "
+        "the cut never splits a character and sets truncated=true.",
     )
 
 
 class DeleteFilesInput(StrictInput):
     session_id: SessionId
     paths: list[WorkspacePath] = Field(
-        description="1 to 100 regular files to delete. Directories and the workspace root cannot be deleted.",
+        description=f"1 to {MAX_FILES_PER_CALL} regular files to delete. Directories and the workspace root cannot "
+        "be deleted.",
         min_length=1,
         max_length=MAX_FILES_PER_CALL,
     )
@@ -221,7 +228,9 @@ class Entry(Output):
 
 class ListFilesOutput(Output):
     entries: list[Entry] = Field(description="Sorted by path.")
-    truncated: bool = Field(description="True when more than 1000 entries existed and the list was cut.")
+    truncated: bool = Field(
+        description=f"True when more than {WORDS['list_max']} entries existed and the list was cut."
+    )
 
 
 class ReadFileOutput(Output):
@@ -245,11 +254,15 @@ class RunOutput(Output):
     exit_code: int | None = Field(description="The program's exit code; null when a signal killed it.")
     signal: str | None = Field(description="The signal that killed the program (e.g. SIGKILL), else null.")
     timed_out: bool = Field(description="True when the program was killed at timeout_seconds.")
-    oom_killed: bool = Field(description="True when the 512 MiB memory limit killed the program.")
-    stdout: str = Field(description="Standard output, UTF-8 (invalid bytes replaced), at most 1 MiB.")
-    stderr: str = Field(description="Standard error, UTF-8 (invalid bytes replaced), at most 1 MiB.")
-    stdout_truncated: bool = Field(description="True when stdout passed 1 MiB; the program was then killed.")
-    stderr_truncated: bool = Field(description="True when stderr passed 1 MiB; the program was then killed.")
+    oom_killed: bool = Field(description=f"True when the {WORDS['memory']} memory limit killed the program.")
+    stdout: str = Field(description=f"Standard output, UTF-8 (invalid bytes replaced), at most {WORDS['output_cap']}.")
+    stderr: str = Field(description=f"Standard error, UTF-8 (invalid bytes replaced), at most {WORDS['output_cap']}.")
+    stdout_truncated: bool = Field(
+        description=f"True when stdout passed {WORDS['output_cap']}; the program was then killed."
+    )
+    stderr_truncated: bool = Field(
+        description=f"True when stderr passed {WORDS['output_cap']}; the program was then killed."
+    )
     termination_reason: Literal["exited", "signaled", "timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed"] = Field(
         description="Why the program ended."
     )

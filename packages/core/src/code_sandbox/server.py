@@ -38,6 +38,7 @@ from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.hardening import LABEL_TAG
+from code_sandbox.limits import WORDS
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.profile import Profile
 from code_sandbox.relay import Progress
@@ -171,6 +172,18 @@ def _run_counts(counts: Counts, result: RunResult) -> None:
     )
 
 
+def _profile_text(text: str, words: dict[str, Any]) -> str:
+    """A profile's tool text with its limit placeholders (``{memory}``, ``{output_cap}``...) filled in."""
+    try:
+        return text.format_map(words)
+    except (KeyError, ValueError, IndexError, AttributeError):
+        raise SandboxError(
+            ErrorCode.PROFILE_ERROR,
+            "the profile's run tool description has a placeholder that is not a known limit",
+            hint="double literal braces ({{ and }}) in the profile's text",
+        ) from None
+
+
 class SandboxServer(Server[None]):
     """The code-sandbox MCP server for one profile: the SDK's low-level server with our tool table."""
 
@@ -185,6 +198,7 @@ class SandboxServer(Server[None]):
         info = profile.info
         self.execute_tool_name = info.execute_tool_name
         words = {
+            **WORDS,
             "language": info.language,
             "run_tool": info.run_tool_name,
             "execute_tool": self.execute_tool_name,
@@ -226,7 +240,8 @@ class SandboxServer(Server[None]):
                     _annotations(read_only=True, destructive=False, idempotent=True), self._read),
             ToolDef("delete_files", tool_text.DELETE_FILES.format(**words), DeleteFilesInput, DeleteFilesOutput,
                     _annotations(read_only=False, destructive=True, idempotent=True), self._delete),
-            ToolDef(info.run_tool_name, info.run_tool_description, run_model, RunOutput, mutating, self._run),
+            ToolDef(info.run_tool_name, _profile_text(info.run_tool_description, words), run_model, RunOutput,
+                    mutating, self._run),
             ToolDef("destroy_sandbox", tool_text.DESTROY_SANDBOX.format(**words), SessionInput, DestroyOutput,
                     _annotations(read_only=False, destructive=True, idempotent=True), self._destroy),
             ToolDef(self.execute_tool_name, tool_text.EXECUTE.format(**words), execute_model, RunOutput,

@@ -1,4 +1,8 @@
-"""What each tool says to a model: purpose, side effects, limits, result, and when to use a sibling instead."""
+"""What each tool says to a model: purpose, side effects, limits, result, and when to use a sibling instead.
+
+Every limit is a placeholder filled from :data:`code_sandbox.limits.WORDS` (and the server's settings), so the
+text cannot drift from what is enforced.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +20,8 @@ CREATE_SANDBOX = """\
 Create a new, empty, offline sandbox and return its session_id. Use it when you will write files and run them \
 more than once (iterate, fix, rerun); for a single run use {execute_tool} instead, which needs no cleanup.
 
-Side effects: starts one isolated container (no network, read-only system, 512 MiB memory, 1 CPU, 128 \
-processes, a 64 MiB workspace at /workspace). At most {sessions} sandboxes may exist at once \
+Side effects: starts one isolated container (no network, read-only system, {memory} memory, {cpus}, {processes} \
+processes, a {workspace} workspace at /workspace). At most {sessions} sandboxes may exist at once \
 (SESSION_LIMIT_EXCEEDED otherwise: destroy one you no longer need). The sandbox is destroyed automatically after \
 {idle}s without a call or {lifetime}s after creation, whichever comes first.
 
@@ -28,10 +32,10 @@ Write one or more UTF-8 text files into a sandbox's workspace, creating parent d
 source files before {run_tool}, and with overwrite=true to replace a file you are fixing. To run files once \
 without keeping a sandbox, use {execute_tool} instead.
 
-Limits, all checked before anything is written (a refused call changes nothing): 1-100 files per call, 2 MiB \
-per file (FILE_TOO_LARGE), 8 MiB per call, and a workspace of at most 100 entries (files and directories both \
-count) and 64 MiB (WORKSPACE_LIMIT_EXCEEDED). Paths are relative ('{example_path}'); '..', absolute paths and \
-other escapes are refused (PATH_TRAVERSAL, INVALID_PATH).
+Limits, all checked before anything is written (a refused call changes nothing): 1-{files_per_call} files per \
+call, {file_max} per file (FILE_TOO_LARGE), {request_max} per call, and a workspace of at most {entries} entries \
+(files and directories both count) and {workspace} (WORKSPACE_LIMIT_EXCEEDED). Paths are relative \
+('{example_path}'); '..', absolute paths and other escapes are refused (PATH_TRAVERSAL, INVALID_PATH).
 
 Returns a status per file: written, overwritten, or exists (left untouched because overwrite was false)."""
 
@@ -40,7 +44,7 @@ List files and directories in a sandbox's workspace, including files your progra
 to check what exists before reading or running; use read_file to see a file's content.
 
 Returns entries {{path, type ('file' or 'directory'), size in bytes}} sorted by path, and truncated=true when \
-more than 1000 entries matched."""
+more than {list_max} entries matched."""
 
 READ_FILE = """\
 Read a UTF-8 text file from a sandbox's workspace, e.g. output your program wrote. Read-only. Use list_files \
@@ -69,7 +73,7 @@ Run {language} in one call: create a fresh sandbox, write the given files, run t
 result, and destroy the sandbox whatever happened. Use it for a single self-contained run. To iterate (run, \
 fix a file, run again) use create_sandbox, write_files and {run_tool} instead, which keep the files.
 
-The program runs exactly as with {run_tool}: no network, 512 MiB memory, output capped at 1 MiB per stream, \
+The program runs exactly as with {run_tool}: no network, {memory} memory, output capped at {output_cap} per stream, \
 timeout_seconds up to {max_timeout}. Same file limits as write_files. Counts against the sandbox limit while \
 it runs.
 

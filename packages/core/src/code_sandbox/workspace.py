@@ -18,6 +18,16 @@ import anyio.to_thread
 
 from code_sandbox.channel import Channel, Sandboxes
 from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.limits import (
+    MAX_ENTRIES,
+    MAX_FILE_BYTES,
+    MAX_FILES_PER_CALL,
+    MAX_LIST_DEPTH,
+    MAX_LIST_ENTRIES,
+    MAX_REQUEST_BYTES,
+    WORDS,
+    WORKSPACE_BYTES,
+)
 from code_sandbox.paths import validate_path
 from code_sandbox.protocol import (
     DeleteAnswer,
@@ -39,15 +49,6 @@ from code_sandbox.protocol import (
 )
 from code_sandbox.transport import FileRequest
 
-MiB = 1024 * 1024
-MAX_FILE_BYTES = 2 * MiB
-MAX_ENTRIES = 100
-MAX_WORKSPACE_BYTES = 64 * MiB
-MAX_REQUEST_BYTES = 8 * MiB
-MAX_FILES_PER_CALL = 100
-MAX_LIST_ENTRIES = 1000
-MAX_LIST_DEPTH = 10
-DEFAULT_READ_BYTES = 65536
 HELPER_TIMEOUT_SECONDS = 30.0
 
 
@@ -55,11 +56,11 @@ HELPER_TIMEOUT_SECONDS = 30.0
 _REFUSALS: dict[str, tuple[ErrorCode, str]] = {
     "INVALID_PATH": (ErrorCode.INVALID_PATH, "a path is not valid for this operation"),
     "PATH_TRAVERSAL": (ErrorCode.PATH_TRAVERSAL, "the path tries to leave the workspace"),
-    "FILE_TOO_LARGE": (ErrorCode.FILE_TOO_LARGE, f"a file is larger than {MAX_FILE_BYTES // MiB} MiB"),
+    "FILE_TOO_LARGE": (ErrorCode.FILE_TOO_LARGE, f"a file is larger than {WORDS['file_max']}"),
     "WORKSPACE_LIMIT_EXCEEDED": (
         ErrorCode.WORKSPACE_LIMIT_EXCEEDED,
-        f"the write would exceed the workspace limits ({MAX_ENTRIES} files and directories, "
-        f"{MAX_WORKSPACE_BYTES // MiB} MiB); nothing was written",
+        f"the write would exceed the workspace limits ({WORDS['entries']} files and directories, "
+        f"{WORDS['workspace']}); nothing was written",
     ),
     "NOT_FOUND": (ErrorCode.NOT_FOUND, "no such file or directory in the workspace"),
     "NOT_A_DIRECTORY": (ErrorCode.INVALID_PATH, "the path is not a directory"),
@@ -124,15 +125,15 @@ async def write_files(
         except UnicodeEncodeError:
             raise SandboxError(ErrorCode.INVALID_REQUEST, "file content must be valid Unicode text") from None
         if len(data) > MAX_FILE_BYTES:
-            raise SandboxError(ErrorCode.FILE_TOO_LARGE, f"a file is larger than {MAX_FILE_BYTES // MiB} MiB")
+            raise SandboxError(ErrorCode.FILE_TOO_LARGE, f"a file is larger than {WORDS['file_max']}")
         encoded.append((path, data))
     if sum(len(data) for _path, data in encoded) > MAX_REQUEST_BYTES:
-        raise SandboxError(ErrorCode.FILE_TOO_LARGE, f"one request may carry at most {MAX_REQUEST_BYTES // MiB} MiB")
+        raise SandboxError(ErrorCode.FILE_TOO_LARGE, f"one request may carry at most {WORDS['request_max']}")
     request = WriteRequest(
         overwrite=overwrite,
         max_file_bytes=MAX_FILE_BYTES,
         max_entries=MAX_ENTRIES,
-        max_total_bytes=MAX_WORKSPACE_BYTES,
+        max_total_bytes=WORKSPACE_BYTES,
     )
     async with sandboxes.channel(session_id) as channel:
         answer = await call_file_helper(

@@ -41,10 +41,10 @@ then run again). For a single throwaway run with no follow-up, use execute_javas
 
 The program runs as `node --disable-proto=throw /workspace/<entrypoint> <arguments...>` with cwd /workspace, \
 no shell, no network (fetch, DNS and sockets fail), no npm packages (Node.js built-in modules only), \
-512 MiB of memory, 1 CPU and 128 processes. Files it writes under /workspace persist for later calls; /tmp is \
-scratch space. Only one run per sandbox at a time.
+{memory} of memory, {cpus} and {processes} processes. Files it writes under /workspace persist for later calls; \
+/tmp is scratch space. Only one run per sandbox at a time.
 
-Returns exit_code, signal, timed_out, oom_killed, stdout and stderr (1 MiB each at most, with \
+Returns exit_code, signal, timed_out, oom_killed, stdout and stderr ({output_cap} each at most, with \
 stdout_truncated/stderr_truncated set when cut, invalid UTF-8 replaced), termination_reason and duration_ms. \
 A program killed by its timeout, its output cap or the memory limit still returns a result; a program that \
 cannot be cleaned up destroys the sandbox (error PROCESS_CLEANUP_FAILED), and so does one that stops or kills the \

@@ -1,0 +1,55 @@
+"""Every limit a client can run into, once: enforced from here, and written into tool text, schemas and the CLI
+from :data:`WORDS`, so that what a model is told cannot drift from what is enforced."""
+
+from __future__ import annotations
+
+MiB = 1024 * 1024
+
+# The container (see hardening.Hardening, which takes its defaults from here).
+MEMORY_BYTES = 512 * MiB
+CPUS = 1
+PROCESSES = 128
+WORKSPACE_BYTES = 64 * MiB
+"""The workspace tmpfs; the file helper refuses writes past it, counting file bytes."""
+
+# The file tools.
+MAX_FILE_BYTES = 2 * MiB
+MAX_REQUEST_BYTES = 8 * MiB
+MAX_ENTRIES = 100
+"""Files and directories in a workspace, both counted."""
+MAX_FILES_PER_CALL = 100
+MAX_LIST_ENTRIES = 1000
+MAX_LIST_DEPTH = 10
+DEFAULT_READ_BYTES = 65536
+
+# Runs.
+OUTPUT_CAP_BYTES = MiB
+"""Per stream; a program that writes more is killed and its output cut here."""
+MAX_ARGUMENTS = 32
+MAX_ARGUMENT_BYTES = 4096
+
+
+def size(n_bytes: int) -> str:
+    """A byte count as prose: ``2 MiB``, ``64 KiB`` or ``100 bytes``."""
+    for unit, name in ((MiB, "MiB"), (1024, "KiB")):
+        if n_bytes >= unit and n_bytes % unit == 0:
+            return f"{n_bytes // unit} {name}"
+    return f"{n_bytes} bytes"
+
+
+WORDS: dict[str, str] = {
+    "memory": size(MEMORY_BYTES),
+    "cpus": f"{CPUS} CPU" if CPUS == 1 else f"{CPUS} CPUs",
+    "processes": str(PROCESSES),
+    "workspace": size(WORKSPACE_BYTES),
+    "file_max": size(MAX_FILE_BYTES),
+    "request_max": size(MAX_REQUEST_BYTES),
+    "entries": str(MAX_ENTRIES),
+    "files_per_call": str(MAX_FILES_PER_CALL),
+    "list_max": str(MAX_LIST_ENTRIES),
+    "output_cap": size(OUTPUT_CAP_BYTES),
+    "max_arguments": str(MAX_ARGUMENTS),
+    "argument_max": size(MAX_ARGUMENT_BYTES),
+}
+"""The limits as they are written in text: ``{memory}``, ``{output_cap}`` and the rest in any tool text, including
+a profile's ``run_tool_description``."""
