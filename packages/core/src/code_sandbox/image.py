@@ -261,6 +261,6 @@ def _verify_run(
     report.add(
         "hardened run",
         ok,
-        f"{' '.join(spec.runtime_version_argv[-1:])} -> {version or 'nothing'}"
+        f"{spec.runtime_path} prints {version or 'nothing'}"
         + ("" if ok else f" (label says {label})"),
     )
