@@ -332,7 +332,10 @@ def _print_table(header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) ->
         table.add_column(name, no_wrap=not console.is_terminal)
     for row in rows:
         table.add_row(*row)
-    console.print(table)
+    with console.capture() as captured:
+        console.print(table)
+    for line in captured.get().splitlines():
+        typer.echo(line.rstrip())  # rich pads the last column too
 
 
 def _duration(seconds: float) -> str:
