@@ -64,7 +64,7 @@ class WriteHeader(Message):
 
 
 class ListRequest(Message):
-    path: Annotated[str, StringConstraints(max_length=MAX_PATH_CHARS)]  # "" is the workspace root
+    path: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_CHARS)]  # "." is the workspace root
     recursive: bool
     max_depth: Count
     max_entries: Count

@@ -79,7 +79,10 @@ _FAILURES: dict[str, tuple[ErrorCode, str]] = {
     ),
     "TRANSFER_FAILED": (ErrorCode.TRANSFER_FAILED, "the file transfer broke off midway"),
     "WORKSPACE_LIMIT_EXCEEDED": (ErrorCode.WORKSPACE_LIMIT_EXCEEDED, "the workspace filled up midway through a write"),
-    "PERMISSION_DENIED": (ErrorCode.PERMISSION_DENIED, "a write was refused midway by permissions the program set"),
+    "PERMISSION_DENIED": (
+        ErrorCode.PERMISSION_DENIED,
+        "a change was refused midway by permissions the program set, after part of it was made",
+    ),
 }
 
 
