@@ -261,6 +261,5 @@ def _verify_run(
     report.add(
         "hardened run",
         ok,
-        f"{spec.runtime_path} prints {version or 'nothing'}"
-        + ("" if ok else f" (label says {label})"),
+        f"{spec.runtime_path} prints {version or 'nothing'}" + ("" if ok else f" (label says {label})"),
     )
