@@ -156,14 +156,20 @@ def profile() -> Profile:
 
 @pytest.fixture(scope="session")
 def image_id(engine: DockerEngine, profile: Profile) -> str:
-    """The verified sandbox image; built once when missing or stale (CI builds it before the tests).
+    """The verified sandbox image; built once when missing or stale (CI builds it before the tests)."""
+    return ready_image(engine, profile)
+
+
+def ready_image(engine: DockerEngine, profile: Profile) -> str:
+    """The profile's verified image ID, built offline first when it is missing or fails verification.
 
     One worker at a time: otherwise every worker would build its own image at once and all but the last would
-    lose the tag.
+    lose the tag. A verified ID is recorded for the run, so each profile's image is checked once per run.
     """
     with image_lock() as verified:
+        record = verified.read_text().splitlines() if verified.is_file() else []
         image = engine.image_facts(profile.image_spec().tag)
-        if image is None or not verified.is_file() or verified.read_text() != f"{profile.name} {image.id}":
+        if image is None or f"{profile.name} {image.id}" not in record:
             report = verify_image(engine, profile)
             if not report.passed:
                 build_offline_image(engine, profile, runtime=None, progress=lambda _text: None)
@@ -171,7 +177,8 @@ def image_id(engine: DockerEngine, profile: Profile) -> str:
             assert report.passed, [check for check in report.checks if not check.passed]
             assert report.image is not None
             image = report.image
-            verified.write_text(f"{profile.name} {image.id}")  # another worker of this run trusts this ID
+            with verified.open("a") as out:  # another worker of this run trusts this ID
+                out.write(f"{profile.name} {image.id}\n")
     engine.verified_images.add((profile.name, image.id))  # every manager on this engine may trust it
     return image.id
 

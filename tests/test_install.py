@@ -20,9 +20,13 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("ima
 ROOT = Path(__file__).parents[1]
 
 
+def _uv() -> str:
+    return shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+
+
 def _install(root: Path) -> Path:
     """Build every workspace package as a wheel and install them into a new virtual environment under ``root``."""
-    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    uv = _uv()
     wheels, venv = root / "wheels", root / "venv"
     for argv in (
         [uv, "build", "--all-packages", "--wheel", "--out-dir", str(wheels)],
@@ -82,3 +86,29 @@ def test_the_installed_wheels_work_from_any_directory(
     built = run("build-image", "--offline", **second)
     assert built.returncode == 0, built.stderr
     assert run("verify-image", **second).returncode == 0
+
+    # A third party's profile: the example python-offline package, built and installed beside the product, is
+    # found through its entry point, must then be chosen by name, and builds, verifies and runs with no change to
+    # core. Its image goes into the worker's own engine too.
+    _install_wheel(ROOT / "examples" / "profile-python", tmp_path / "install")
+    ambiguous = run("verify-image")
+    assert ambiguous.returncode == 2 and "javascript-offline, python-offline" in ambiguous.stderr
+    python = {**second, "CODE_SANDBOX_PROFILE": "python-offline"}
+    built = run("build-image", "--offline", **python)
+    assert built.returncode == 0, built.stderr
+    assert run("verify-image", **python).returncode == 0
+    (elsewhere / "hello.py").write_text("import platform\nprint('hello from', platform.python_implementation())\n")
+    ran = run("run", "hello.py", **python)
+    assert (ran.returncode, ran.stdout) == (0, "hello from CPython\n"), ran.stderr
+    second_engine.engine.untag_image("code-sandbox-python:1.0.0")
+
+
+def _install_wheel(project: Path, root: Path) -> None:
+    """Build ``project`` as a wheel and install it into the virtual environment :func:`_install` made."""
+    uv = _uv()
+    wheels = root / "third-party"
+    build = [uv, "build", "--wheel", "--out-dir", str(wheels), str(project)]
+    subprocess.run(build, cwd=ROOT, check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("*.whl")
+    install = [uv, "pip", "install", "--quiet", "--python", str(root / "venv" / "bin" / "python"), str(wheel)]
+    subprocess.run(install, cwd=root, check=True, capture_output=True, timeout=300)

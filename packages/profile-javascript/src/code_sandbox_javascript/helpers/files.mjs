@@ -256,6 +256,7 @@ function opDelete(req) {
     try {
       if (!found.st.isFile()) return 'not_a_file';
       fs.unlinkSync(found.name); // relative to the held directory, so it cannot reach outside it
+      mutated = true; // a later path failing leaves this one deleted: that refusal is partial
       return 'deleted';
     } finally {
       fs.closeSync(found.dirFd);

@@ -1,0 +1,127 @@
+"""What each profile in the repository runs for the conformance suite: the same behaviours, in its language."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Programs:
+    """Sources of small programs, each doing one thing the suite checks. Every entrypoint has the profile's suffix.
+
+    :param arguments: prints its arguments joined by ``|`` on stdout, ``err`` on stderr, and exits with code 3.
+    :param make_file: writes ``made by the program`` to ``out/result.txt`` under the workspace.
+    :param flood: writes 2 MiB of ``x`` to stdout.
+    :param forever: prints ``ready``, then sleeps for a minute (a run the suite stops).
+    :param detach: starts a child in a new session that sleeps for a minute, and exits 0 at once.
+    :param lock: makes ``locked/b.txt`` and then takes write permission off ``locked`` (mode 0500).
+    :param probe: prints one JSON object: ``interfaces`` (network interface names), ``connect`` (whether a TCP
+        connection to 192.0.2.1:80 succeeded), ``root_write`` (whether writing ``/etc/probe`` succeeded),
+        ``cap_eff`` (``CapEff`` of /proc/self/status) and ``kill_watchdog`` (the error name, or ``"sent"``, of
+        SIGKILL sent to the process whose command line names the watchdog).
+    """
+
+    suffix: str
+    arguments: str
+    make_file: str
+    flood: str
+    forever: str
+    detach: str
+    lock: str
+    probe: str
+
+
+JAVASCRIPT = Programs(
+    suffix=".js",
+    arguments="console.log(process.argv.slice(2).join('|')); console.error('err'); process.exit(3);",
+    make_file="""
+const fs = require('fs');
+fs.mkdirSync('out', { recursive: true });
+fs.writeFileSync('out/result.txt', 'made by the program');
+""",
+    flood="process.stdout.write('x'.repeat(2 * 1024 * 1024));",
+    forever="console.log('ready'); setTimeout(() => {}, 60000);",
+    detach="""
+const { spawn } = require('child_process');
+spawn(process.execPath, ['-e', 'setTimeout(() => {}, 60000)'], { detached: true, stdio: 'ignore' }).unref();
+""",
+    lock="""
+const fs = require('fs');
+fs.mkdirSync('locked');
+fs.writeFileSync('locked/b.txt', 'b');
+fs.chmodSync('locked', 0o500);
+""",
+    probe="""
+const fs = require('fs'), net = require('net'), os = require('os');
+const result = { interfaces: Object.keys(os.networkInterfaces()) };
+try { fs.writeFileSync('/etc/probe', 'x'); result.root_write = true; } catch { result.root_write = false; }
+result.cap_eff = fs.readFileSync('/proc/self/status', 'latin1').match(/CapEff:\\s*(\\w+)/)[1];
+const watchdog = fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p)).find((p) => {
+  try { return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes('watchdog'); } catch { return false; }
+});
+try { process.kill(Number(watchdog), 'SIGKILL'); result.kill_watchdog = 'sent'; }
+catch (error) { result.kill_watchdog = error.code; }
+const socket = net.connect({ host: '192.0.2.1', port: 80, timeout: 2000 });
+const done = (connected) => { result.connect = connected; socket.destroy(); console.log(JSON.stringify(result)); };
+socket.on('connect', () => done(true)).on('error', () => done(false)).on('timeout', () => done(false));
+""",
+)
+
+PYTHON = Programs(
+    suffix=".py",
+    arguments="import sys\nprint('|'.join(sys.argv[1:]))\nprint('err', file=sys.stderr)\nsys.exit(3)\n",
+    make_file="""
+import os
+os.makedirs('out', exist_ok=True)
+with open('out/result.txt', 'w') as f:
+    f.write('made by the program')
+""",
+    flood="import sys\nsys.stdout.write('x' * (2 * 1024 * 1024))\n",
+    forever="import time\nprint('ready', flush=True)\ntime.sleep(60)\n",
+    detach="""
+import subprocess, sys
+subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+""",
+    lock="""
+import os
+os.mkdir('locked')
+with open('locked/b.txt', 'w') as f:
+    f.write('b')
+os.chmod('locked', 0o500)
+""",
+    probe="""
+import json, os, re, signal, socket
+result = {'interfaces': [name for _index, name in socket.if_nameindex()]}
+try:
+    open('/etc/probe', 'w').close()
+    result['root_write'] = True
+except OSError:
+    result['root_write'] = False
+with open('/proc/self/status') as f:
+    result['cap_eff'] = re.search(r'CapEff:\\s*(\\w+)', f.read()).group(1)
+watchdog = None
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            if b'watchdog' in f.read():
+                watchdog = int(pid)
+    except OSError:
+        pass
+try:
+    os.kill(watchdog, signal.SIGKILL)
+    result['kill_watchdog'] = 'sent'
+except PermissionError:
+    result['kill_watchdog'] = 'EPERM'
+except OSError as error:
+    result['kill_watchdog'] = type(error).__name__
+try:
+    socket.create_connection(('192.0.2.1', 80), timeout=2).close()
+    result['connect'] = True
+except OSError:
+    result['connect'] = False
+print(json.dumps(result))
+""",
+)
+
+PROGRAMS = {"javascript-offline": JAVASCRIPT, "python-offline": PYTHON}

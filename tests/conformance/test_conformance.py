@@ -1,0 +1,151 @@
+"""What every runtime profile must do, checked against each profile in the repository on a real Docker engine.
+
+A profile passes when its image, argv and helpers give the same behaviour through core: files, runs and their
+results, limits, timeouts, cancellation, cleanup, and the basic confinement seen from inside.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.limits import OUTPUT_CAP_BYTES
+from code_sandbox.sessions import SessionManager
+from code_sandbox.workspace import delete_files, list_files, read_file, write_files
+
+from tests.conformance.programs import Programs
+from tests.support.output import on_first_output
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
+
+
+async def run(
+    sandboxes: SessionManager, session_id: str, programs: Programs, source: str, *arguments: str, seconds: int = 10
+) -> RunResult:
+    name = f"program{programs.suffix}"
+    await write_files(sandboxes, session_id, [(name, source)], overwrite=True)
+    return await run_entrypoint(sandboxes, session_id, name, list(arguments), timeout_seconds=seconds)
+
+
+async def test_files_are_written_listed_read_and_deleted(sandboxes: SessionManager) -> None:
+    session = await sandboxes.create()
+    files = [("a.txt", "alpha"), ("src/deep/b.txt", "βeta\n")]
+    assert await write_files(sandboxes, session.id, files, overwrite=False) == ["written", "written"]
+    assert await write_files(sandboxes, session.id, [("a.txt", "new")], overwrite=False) == ["exists"]
+    entries, truncated = await list_files(sandboxes, session.id, "", recursive=True, max_depth=10)
+    assert [(e.path, e.type) for e in entries] == [
+        ("a.txt", "file"), ("src", "directory"), ("src/deep", "directory"), ("src/deep/b.txt", "file")
+    ]  # fmt: skip
+    assert truncated is False
+    read = await read_file(sandboxes, session.id, "src/deep/b.txt", max_bytes=4)
+    assert (read.content, read.size, read.truncated) == ("βet", 6, True)  # never a cut character
+    assert await delete_files(sandboxes, session.id, ["a.txt", "a.txt", "src"]) == ["deleted", "missing", "not_a_file"]
+    with pytest.raises(SandboxError) as caught:
+        await read_file(sandboxes, session.id, "a.txt", max_bytes=10)
+    assert caught.value.code == ErrorCode.NOT_FOUND
+
+
+async def test_a_run_gets_its_arguments_verbatim_and_returns_output_and_exit_code(
+    sandboxes: SessionManager, programs: Programs
+) -> None:
+    session = await sandboxes.create()
+    result = await run(sandboxes, session.id, programs, programs.arguments, "a b", "$(x)", "'q'", "")
+    assert (result.exit_code, result.signal, result.termination_reason) == (3, None, "exited")
+    assert (result.stdout, result.stderr) == ("a b|$(x)|'q'|\n", "err\n")
+
+
+async def test_files_a_program_writes_persist_for_later_calls(sandboxes: SessionManager, programs: Programs) -> None:
+    session = await sandboxes.create()
+    result = await run(sandboxes, session.id, programs, programs.make_file)
+    assert result.exit_code == 0, result.stderr
+    assert (await read_file(sandboxes, session.id, "out/result.txt", max_bytes=100)).content == "made by the program"
+
+
+async def test_output_past_the_cap_is_cut_and_reported(sandboxes: SessionManager, programs: Programs) -> None:
+    session = await sandboxes.create()
+    result = await run(sandboxes, session.id, programs, programs.flood)
+    assert result.termination_reason == "OUTPUT_LIMIT_EXCEEDED" and result.stdout_truncated is True
+    assert result.stdout == "x" * OUTPUT_CAP_BYTES and result.stderr_truncated is False
+
+
+async def test_a_program_past_its_timeout_is_killed_and_the_sandbox_keeps_working(
+    sandboxes: SessionManager, programs: Programs
+) -> None:
+    session = await sandboxes.create()
+    result = await run(sandboxes, session.id, programs, programs.forever, seconds=1)
+    assert result.timed_out is True and result.termination_reason == "timed_out"
+    assert 1000 <= result.duration_ms < 5000
+    again = await run(sandboxes, session.id, programs, programs.arguments, "next")
+    assert again.stdout == "next\n"
+
+
+async def test_a_cancelled_run_stops_at_once_and_the_sandbox_keeps_working(
+    sandboxes: SessionManager, programs: Programs
+) -> None:
+    session = await sandboxes.create()
+    name = f"forever{programs.suffix}"
+    await write_files(sandboxes, session.id, [(name, programs.forever)], overwrite=False)
+    started = anyio.Event()
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+
+            async def call() -> None:
+                await run_entrypoint(
+                    sandboxes, session.id, name, [], timeout_seconds=30, output=on_first_output(started)
+                )
+
+            group.start_soon(call)
+            await started.wait()
+            group.cancel_scope.cancel()
+    assert len(sandboxes) == 1  # the kill was verified: the sandbox stays
+    again = await run(sandboxes, session.id, programs, programs.arguments, "after")
+    assert again.stdout == "after\n"
+
+
+async def test_processes_a_program_leaves_behind_are_killed_and_the_sandbox_keeps_working(
+    sandboxes: SessionManager, programs: Programs
+) -> None:
+    session = await sandboxes.create()
+    result = await run(sandboxes, session.id, programs, programs.detach)
+    assert result.exit_code == 0, result.stderr
+    assert result.leftover_processes_killed >= 1
+    assert len(sandboxes) == 1  # the supervisor's survey found nothing left
+
+
+async def test_inside_there_is_no_network_no_writable_root_no_capability_and_no_way_to_signal_the_watchdog(
+    sandboxes: SessionManager, programs: Programs
+) -> None:
+    session = await sandboxes.create()
+    result = await run(sandboxes, session.id, programs, programs.probe)
+    assert result.exit_code == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert set(seen["interfaces"]) <= {"lo"} and seen["connect"] is False
+    assert seen["root_write"] is False
+    assert int(seen["cap_eff"], 16) == 0
+    assert seen["kill_watchdog"] == "EPERM"
+
+
+async def test_a_delete_stopped_midway_by_permissions_the_program_set_destroys_the_sandbox(
+    sandboxes: SessionManager, programs: Programs
+) -> None:
+    session = await sandboxes.create()
+    result = await run(sandboxes, session.id, programs, programs.lock)
+    assert result.exit_code == 0, result.stderr
+    await write_files(sandboxes, session.id, [("a.txt", "a")], overwrite=False)
+    # a.txt goes, then locked/b.txt is refused: the workspace is no longer what the client was told, so it goes.
+    with pytest.raises(SandboxError) as caught:
+        await delete_files(sandboxes, session.id, ["a.txt", "locked/b.txt"])
+    assert caught.value.code == ErrorCode.PERMISSION_DENIED and "destroyed" in caught.value.message
+    assert len(sandboxes) == 0
+
+
+async def test_destroy_removes_the_container_and_the_session(sandboxes: SessionManager) -> None:
+    session = await sandboxes.create()
+    assert await sandboxes.destroy(session.id) is True
+    assert sandboxes.engine.container_facts(session.container_id) is None
+    with pytest.raises(SandboxError) as caught:
+        await list_files(sandboxes, session.id, "", recursive=False, max_depth=1)
+    assert caught.value.code == ErrorCode.INVALID_SESSION
