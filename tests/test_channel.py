@@ -162,6 +162,17 @@ async def test_how_a_program_ended_becomes_its_termination_reason(
     assert sandboxes.destroyed == []
 
 
+async def test_a_run_that_lasted_past_its_timeout_timed_out_whatever_the_runner_says(
+    sandboxes: MemorySandboxes,
+) -> None:
+    # A runner stopped by user code across the deadline sees only the exit; its duration gives it away.
+    sandboxes.transport.answer_run = lambda request: run_answer(duration_ms=request.timeout_ms + 1)
+    result = await run(sandboxes, timeout_seconds=2)
+    assert (result.timed_out, result.termination_reason, result.exit_code) == (True, "timed_out", 0)
+    sandboxes.transport.answer_run = lambda request: run_answer(duration_ms=request.timeout_ms)
+    assert (await run(sandboxes, timeout_seconds=2)).termination_reason == "exited"
+
+
 @pytest.mark.parametrize(
     ("answer", "expected"),
     [

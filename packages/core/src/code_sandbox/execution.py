@@ -131,13 +131,14 @@ async def run_program(
 
     survey = Survey(channel, timeout=timeout + HOST_GRACE_SECONDS + SURVEY_TIMEOUT_SECONDS)
     try:
-        return await _run_and_verify(channel, call, survey, progress, output, finished)
+        return await _run_and_verify(channel, request, call, survey, progress, output, finished)
     finally:
         survey.cancel()
 
 
 async def _run_and_verify(
     channel: Channel,
+    request: RunRequest,
     call: Callable[[Callable[[bytes], None] | None], RunAnswer | Refusal],
     survey: Survey,
     progress: Progress | None,
@@ -156,12 +157,12 @@ async def _run_and_verify(
         with anyio.CancelScope(shield=True):
             await cancel_run(channel, finished)
         raise
-    result = await _result(channel, answer)
+    result = await _result(channel, request, answer)
     await require_no_survivors(channel, survey)
     return result
 
 
-async def _result(channel: Channel, answer: RunAnswer | Refusal | None) -> RunResult:
+async def _result(channel: Channel, request: RunRequest, answer: RunAnswer | Refusal | None) -> RunResult:
     if not isinstance(answer, RunAnswer):  # a refusal: the runner could not start the program
         raise await channel.fail_closed(
             SandboxError(ErrorCode.SUPERVISOR_FAILED, "the program could not be started; the sandbox was destroyed")
@@ -177,10 +178,13 @@ async def _result(channel: Channel, answer: RunAnswer | Refusal | None) -> RunRe
         ) from None
     if answer.cleanup != "ok":
         raise await channel.fail_closed(_cleanup_failed())
+    # A run that lasted past its timeout timed out, whatever the runner says: user code shares its uid and can stop
+    # or starve it across the deadline, so that it sees only the exit.
+    timed_out = answer.timed_out or answer.duration_ms > request.timeout_ms
     reason: TerminationReason
     if answer.stdout_truncated or answer.stderr_truncated:
         reason = "OUTPUT_LIMIT_EXCEEDED"
-    elif answer.timed_out:
+    elif timed_out:
         reason = "timed_out"
     elif answer.oom_killed:
         reason = "oom_killed"
@@ -191,7 +195,7 @@ async def _result(channel: Channel, answer: RunAnswer | Refusal | None) -> RunRe
     return RunResult(
         exit_code=answer.exit_code,
         signal=answer.signal or None,
-        timed_out=answer.timed_out,
+        timed_out=timed_out,
         oom_killed=answer.oom_killed,
         stdout=stdout.decode("utf-8", "replace"),
         stderr=stderr.decode("utf-8", "replace"),
