@@ -38,12 +38,14 @@ PYTHON_VERSION_LABEL = LABEL_PREFIX + "python-version"
 DEFAULT_PYTHON = Path("/usr/bin/python3")
 """The build host's system CPython. A Python linked against a shared libpython (pyenv, python-build-standalone)
 does not start from a copied tree; pass a statically linked one with ``--runtime``."""
-# Not copied into the image: tests, GUI and IDE code, installers, and third-party package directories.
+# Not copied into the image: tests, GUI and IDE code, installers, third-party package directories, and ctypes,
+# which would let a program make any system call the seccomp profile allows and run native code it wrote: the
+# JavaScript profile gives programs no such reach either.
 EXCLUDED_DIRECTORIES = frozenset(
     {"test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "venv", "lib2to3", "site-packages",
-     "dist-packages", "__pycache__", "pydoc_data"}
+     "dist-packages", "__pycache__", "pydoc_data", "ctypes"}
 )  # fmt: skip
-EXCLUDED_PREFIXES = ("_test", "_ctypes_test", "xxlimited", "_xxtestfuzz", "config-")
+EXCLUDED_PREFIXES = ("_test", "_ctypes", "xxlimited", "_xxtestfuzz", "config-")
 
 RUN_TOOL_DESCRIPTION = """\
 Run a Python file that is already in the sandbox's workspace with CPython 3 and return its result.
@@ -52,7 +54,8 @@ Use it after create_sandbox and write_files, as often as you like (fix a file wi
 then run again). For a single throwaway run with no follow-up, use execute_python instead.
 
 The program runs as `python3 -B /workspace/<entrypoint> <arguments...>` with cwd /workspace (so modules next to \
-it import), no shell, no network (sockets and DNS fail), the standard library only (no pip, no packages), \
+it import), no shell, no network (sockets and DNS fail), the standard library only without ctypes (no pip, no \
+packages), \
 {memory} of memory, {cpus} and {processes} processes. Files it writes under /workspace persist for later calls; \
 /tmp is scratch space. Only one run per sandbox at a time.
 

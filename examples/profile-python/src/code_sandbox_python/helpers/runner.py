@@ -416,7 +416,11 @@ def run(req, wakeup):
             write_all(2, (dumps({**line, "stderr_bytes": err.total}) + "\n").encode())
             next_progress = now + PROGRESS_S  # as setInterval: the next one a full period after this one
         pump(captures, wakeup, min(next_progress, math.inf if timed_out else deadline))
-    duration_ms = js_round((time.monotonic() - started) * 1000)
+    ended = time.monotonic()
+    # An exit seen only after the deadline is a timeout: user code can stop or starve this process (same uid) so
+    # that the loop above never runs between the deadline and the exit.
+    timed_out = timed_out or ended >= deadline
+    duration_ms = js_round((ended - started) * 1000)
     code, signal_name = exit_status(child.returncode)
 
     cleanup, killed = kill_leftovers(lambda seconds: pump_for(captures, wakeup, seconds))

@@ -1,0 +1,71 @@
+"""What only the python-offline example needs checking: the reach Python gives a program, against its own helpers."""
+
+from __future__ import annotations
+
+import anyio.to_thread
+import pytest
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.execution import run_entrypoint
+from code_sandbox.limits import MiB
+from code_sandbox.profile import Profile
+from code_sandbox.protocol import RunAnswer, RunRequest
+from code_sandbox.sessions import SessionManager
+from code_sandbox.workspace import list_files, write_files
+
+from tests.conformance.conftest import REPOSITORY_PROFILES
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
+
+
+@pytest.fixture(scope="session")
+def conformance_profile() -> Profile:
+    """This module is about python-offline alone."""
+    return REPOSITORY_PROFILES["python-offline"]
+
+
+async def test_a_program_cannot_load_ctypes(sandboxes: SessionManager) -> None:
+    # ctypes would give a program any system call the seccomp profile allows (io_uring on some engines) and native
+    # code of its own; the image leaves it out, so Python programs have no more reach than JavaScript ones.
+    session = await sandboxes.create()
+    source = "try:\n    import ctypes\nexcept ImportError as e:\n    print(type(e).__name__)\n"
+    await write_files(sandboxes, session.id, [("main.py", source)], overwrite=False)
+    result = await run_entrypoint(sandboxes, session.id, "main.py", [], timeout_seconds=10)
+    assert (result.exit_code, result.stdout) == (0, "ModuleNotFoundError\n")
+
+
+STOP_THE_RUNNER = """
+import os, signal, time
+runner = os.getppid()
+if os.fork() == 0:
+    os.kill(runner, signal.SIGSTOP)  # same uid: allowed; the runner sleeps through the deadline
+    time.sleep(3)
+    os.kill(runner, signal.SIGCONT)
+    os._exit(0)
+time.sleep(2)  # exits after the 1 s deadline, while the runner is stopped
+"""
+
+
+async def test_a_runner_stopped_past_the_deadline_still_reports_a_timeout(sandboxes: SessionManager) -> None:
+    # Asked of the runner directly: the host would also call the run a timeout from its duration alone.
+    session = await sandboxes.create()
+    await write_files(sandboxes, session.id, [("main.py", STOP_THE_RUNNER)], overwrite=False)
+    request = RunRequest(
+        argv=sandboxes.profile.build_run_argv("main.py", []), timeout_ms=1000, stdout_cap=MiB, stderr_cap=MiB,
+        stream=False,
+    )  # fmt: skip
+    async with sandboxes.channel(session.id) as channel:
+        answer = await anyio.to_thread.run_sync(lambda: channel.transport.run(channel.target, request, timeout=20))
+    assert isinstance(answer, RunAnswer)
+    assert answer.timed_out is True and answer.exit_code == 0 and answer.duration_ms >= 2000
+
+
+async def test_a_fifo_a_program_makes_in_the_workspace_destroys_the_sandbox(sandboxes: SessionManager) -> None:
+    # Node has no mkfifo; Python does. The file helper must refuse to work in a workspace that holds one.
+    session = await sandboxes.create()
+    await write_files(sandboxes, session.id, [("main.py", "import os\nos.mkfifo('pipe')\n")], overwrite=False)
+    result = await run_entrypoint(sandboxes, session.id, "main.py", [], timeout_seconds=10)
+    assert result.exit_code == 0, result.stderr
+    with pytest.raises(SandboxError) as caught:
+        await list_files(sandboxes, session.id, ".", recursive=True, max_depth=1)
+    assert caught.value.code == ErrorCode.WORKSPACE_INTEGRITY
+    assert len(sandboxes) == 0
