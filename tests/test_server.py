@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,6 +88,10 @@ async def none_of_mine(engine: DockerEngine, within: float = 20) -> None:
     with anyio.fail_after(within):
         while await anyio.to_thread.run_sync(worker_containers, engine):  # noqa: ASYNC110 - Docker has no event to await
             await anyio.sleep(0.1)
+
+
+def error_code_or_none(result: CallToolResult) -> str | None:
+    return error_code(result) if result.is_error else None
 
 
 def ok(result: CallToolResult) -> dict[str, Any]:
@@ -228,7 +233,44 @@ async def test_execute_javascript_runs_once_and_leaves_no_sandbox(tmp_path: Path
         assert ok(await client.call_tool("execute_javascript", arguments))["stdout"] == "42\n"
         failing = {"files": [{"path": "a.js", "content": "throw new Error('x')"}], "entrypoint": "a.js"}
         assert ok(await client.call_tool("execute_javascript", failing))["exit_code"] == 1
-        assert worker_containers(engine) == []
+        await none_of_mine(engine)  # removed after the reply
+
+
+class HeldRemoval(DockerEngine):
+    """The test's engine, whose container removals wait until the test lets them go (Docker cannot be made slow
+    on demand)."""
+
+    def __init__(self, engine: DockerEngine) -> None:
+        super().__init__(timeout=engine.timeout, labels=engine.labels, base_url=engine.base_url)
+        self.verified_images = engine.verified_images
+        self.released = threading.Event()
+        self.waiting = threading.Event()
+
+    def remove_container(self, container_id: str) -> bool:
+        self.waiting.set()
+        self.released.wait(30)
+        return super().remove_container(container_id)
+
+
+async def test_a_one_shot_replies_before_its_sandbox_is_removed_which_still_counts_until_then(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    held = HeldRemoval(engine)
+    try:
+        async with connect(held, tmp_path, max_sessions="1") as client:
+            arguments = {"files": [{"path": "a.js", "content": "console.log(1)"}], "entrypoint": "a.js"}
+            with anyio.fail_after(30):
+                assert ok(await client.call_tool("execute_javascript", arguments))["stdout"] == "1\n"
+            assert held.waiting.is_set() and len(worker_containers(engine)) == 1  # the reply came first
+            assert error_code(await client.call_tool("create_sandbox", {})) == "SESSION_LIMIT_EXCEEDED"
+            held.released.set()
+            await none_of_mine(engine)
+            with anyio.fail_after(10):
+                while error_code_or_none(await client.call_tool("create_sandbox", {})) is not None:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)  # the registry lets go once Docker confirmed the removal
+    finally:
+        held.released.set()
+        held.close()
 
 
 async def test_every_client_reachable_error_code_arrives_as_a_tool_error(tmp_path: Path, engine: DockerEngine) -> None:

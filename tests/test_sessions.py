@@ -23,6 +23,7 @@ from code_sandbox.hardening import (
     SANDBOX_UIDS,
     ContainerRequest,
 )
+from code_sandbox.image import VerifiedImages, verify_image
 from code_sandbox.profile import Profile
 from code_sandbox.sessions import Session, SessionManager, require_enforcement
 from code_sandbox.settings import Settings
@@ -470,3 +471,38 @@ def test_a_killed_server_leaves_a_container_that_removes_itself_within_the_lifet
     while engine.container_facts(next(iter(orphans))) is not None:
         assert time.monotonic() - killed_at < 35, "the orphaned container outlived its lifetime"
         time.sleep(0.5)
+
+
+async def test_an_image_verified_by_one_server_is_trusted_by_the_next_through_the_state_directory(
+    engine: DockerEngine, profile: Profile, image_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verifications: list[str] = []
+
+    def counting_verify(engine: DockerEngine, profile: Profile) -> Any:
+        verifications.append(profile.name)
+        return verify_image(engine, profile)
+
+    monkeypatch.setattr(sessions, "verify_image", counting_verify)
+
+    async def first_create(directory: Path) -> None:
+        # A new engine object per "server process": nothing is remembered in memory from the previous one.
+        fresh = DockerEngine(labels=engine.labels)
+        manager = SessionManager(fresh, profile, Settings(warm_pool=0), verified=VerifiedImages(directory))
+        try:
+            await manager.create()
+        finally:
+            await manager.shutdown()
+            fresh.close()
+
+    del image_id
+    await first_create(tmp_path / "state")
+    await first_create(tmp_path / "state")  # the next server: no export, no probe container
+    assert verifications == [profile.name]
+    await first_create(tmp_path / "other")  # another state directory knows nothing
+    assert len(verifications) == 2
+    # Only a regular file this user owns counts: a planted symlink is no pass.
+    (key,) = [entry.name for entry in (tmp_path / "other").iterdir()]
+    (tmp_path / "state" / key).unlink()
+    (tmp_path / "state" / key).symlink_to(tmp_path / "other" / key)
+    await first_create(tmp_path / "state")
+    assert len(verifications) == 3

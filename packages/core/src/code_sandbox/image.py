@@ -11,6 +11,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
+import os
+import stat
 import tarfile
 import time
 from collections.abc import Callable, Mapping
@@ -151,6 +154,55 @@ def _tar_entry(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
     entry.uname = entry.gname = "root"
     entry.mtime = 0  # reproducible: the same inputs give the same context
     return entry
+
+
+VERIFIER_VERSION = 1
+"""Bump when :func:`verify_image` checks something new: passes recorded by an earlier version then no longer count."""
+
+
+def verification_key(engine: DockerEngine, profile: Profile, image_id: str) -> str:
+    """What a pass of :func:`verify_image` vouches for: this image ID (a hash of its content) checked against this
+    profile's expectations, by this version of the checks, on an engine like this one (the hardened run is the
+    engine's)."""
+    spec = profile.image_spec()
+    daemon = engine.daemon_facts()
+    material = {
+        "verifier": VERIFIER_VERSION,
+        "protocol": PROTOCOL_VERSION,
+        "image": image_id,
+        "profile": profile.name,
+        "labels": sorted(spec.labels.items()),
+        "helpers": sorted(spec.helper_digests.items()),
+        "runtime": [spec.runtime_path, spec.runtime_version_label, *spec.runtime_version_argv],
+        "forbidden": sorted(spec.forbidden_names),
+        "engine": [engine.base_url or os.environ.get("DOCKER_HOST", ""), daemon.architecture, daemon.os_type,
+                   daemon.apparmor, daemon.seccomp],
+    }  # fmt: skip
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+class VerifiedImages:
+    """Verification passes that outlive a server process: one empty file per :func:`verification_key`, in a private
+    directory of the state directory. Only files this user owns count; anything odd counts as "not verified"."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def __contains__(self, key: str) -> bool:
+        try:
+            entry = (self.directory / key).lstat()
+        except OSError:
+            return False
+        return stat.S_ISREG(entry.st_mode) and entry.st_uid == os.getuid()
+
+    def add(self, key: str) -> None:
+        """Record a pass; a failure to record only means the next server verifies again."""
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+            os.close(os.open(self.directory / key, flags, 0o600))
+        except OSError:
+            return
 
 
 @dataclass

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 from mcp.server import Server, ServerRequestContext
 from mcp.types import (
@@ -38,6 +39,7 @@ from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.hardening import LABEL_TAG
+from code_sandbox.image import VerifiedImages
 from code_sandbox.limits import WORDS
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.profile import Profile
@@ -219,8 +221,9 @@ class SandboxServer(Server[None]):
         self.settings = settings
         self.profile = profile
         self.engine = engine or DockerEngine(labels=settings.container_labels())
-        self.manager = SessionManager(self.engine, profile, settings)
         self.state_dir = state_dir or default_state_dir()
+        verified = VerifiedImages(self.state_dir / "verified-images")
+        self.manager = SessionManager(self.engine, profile, settings, verified=verified)
         self.audit = AuditLog(settings.audit_log, enabled=settings.audit_enabled)
         run_model, execute_model = run_input_models(
             entrypoint_suffixes=info.entrypoint_suffixes,
@@ -248,6 +251,8 @@ class SandboxServer(Server[None]):
                     mutating, self._execute),
         ]  # fmt: skip
         self.tool_defs = {tool.name: tool for tool in tools}
+        self._background: anyio.abc.TaskGroup | None = None
+        """The lifespan's task group: work that outlives a call (a one-shot sandbox's removal) runs in it."""
 
     # -- protocol -----------------------------------------------------------------------------------------------
 
@@ -260,6 +265,7 @@ class SandboxServer(Server[None]):
         atexit.register(self.manager.remove_all_now)
         try:
             async with anyio.create_task_group() as group:
+                self._background = group
                 group.start_soon(self._sweep)
                 group.start_soon(self.manager.run_reaper)
                 group.start_soon(self.manager.run_pool)
@@ -380,8 +386,14 @@ class SandboxServer(Server[None]):
             await write_files(self.manager, session.id, _files_with_counts(params, counts), overwrite=False)
             return await self._run_in(session.id, params, ctx, counts)
         finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
-                await self.manager.destroy(session.id)
+            # The result goes out now; the container is removed after the reply. Until Docker confirms that, the
+            # sandbox is out of use but still counts against the cap, and a failed removal is retried by the reaper.
+            retired = self.manager.retire(session.id)
+            if retired is not None and self._background is not None:
+                self._background.start_soon(self.manager.remove_quietly, retired)
+            elif retired is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.manager.remove_quietly(retired)
 
     async def _run_in(
         self, session_id: str, params: RunInput | ExecuteInput, ctx: Context, counts: Counts

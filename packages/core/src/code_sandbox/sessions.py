@@ -34,7 +34,7 @@ from code_sandbox.hardening import (
     ContainerRequest,
     user_of,
 )
-from code_sandbox.image import verify_image
+from code_sandbox.image import VerifiedImages, verification_key, verify_image
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import ReadyAnswer
 from code_sandbox.settings import Settings
@@ -114,10 +114,13 @@ class SessionManager:
         owner: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         transport: Transport | None = None,
+        verified: VerifiedImages | None = None,
     ) -> None:
         self.engine = engine
         self.transport = transport or DockerTransport(engine, profile)
         """How calls reach the helpers inside the sandboxes."""
+        self.verified = verified
+        """Image verifications that earlier server processes recorded (the state directory), if any."""
         self.clock = clock
         """Seconds on a monotonic clock; idle timeouts, lifetimes and the pool's deadlines are measured with it."""
         self.profile = profile
@@ -365,7 +368,12 @@ class SessionManager:
             await self._run(self.engine.remove_container, container_id, abandon=True)
 
     async def _verified_image_id(self) -> str:
-        """Resolve the allowlisted tag to its immutable ID; verify each new ID once, like ``verify-image``."""
+        """Resolve the allowlisted tag to its immutable ID; verify each new ID once, like ``verify-image``.
+
+        A pass is remembered by the engine object for this process and, with a state directory, for later server
+        processes too: an image ID names its content, so a verified ID stays verified (for this profile, these
+        checks and this engine; see :func:`verification_key`).
+        """
         spec = self.profile.image_spec()
         facts = await self._run(self.engine.image_facts, spec.tag)
         if facts is None:
@@ -373,9 +381,13 @@ class SessionManager:
         verified = (self.profile.name, facts.id)
         async with self._image_lock:
             if verified not in self.engine.verified_images:
-                report = await self._run(verify_image, self.engine, self.profile)
-                if not report.passed or report.image is None or report.image.id != facts.id:
-                    raise _image_invalid()
+                key = await self._run(verification_key, self.engine, self.profile, facts.id)
+                if self.verified is None or key not in self.verified:
+                    report = await self._run(verify_image, self.engine, self.profile)
+                    if not report.passed or report.image is None or report.image.id != facts.id:
+                        raise _image_invalid()
+                    if self.verified is not None:
+                        await self._run(self.verified.add, key)
                 self.engine.verified_images.add(verified)
         return facts.id
 
@@ -392,6 +404,20 @@ class SessionManager:
         was_live = session.state == "active"
         await self._remove(session)
         return was_live
+
+    def retire(self, session_id: str) -> Session | None:
+        """Take a live session out of use at once (its calls get ``INVALID_SESSION`` from now on); it still counts
+        against the cap until :meth:`remove_quietly` (or the reaper, on a failure) has removed its container."""
+        session = self._sessions.get(session_id)
+        if session is None or not session.container_id:
+            return None
+        session.state = "destroying"
+        return session
+
+    async def remove_quietly(self, session: Session) -> None:
+        """Remove a retired session's container; a failure leaves it to the reaper's retries."""
+        with anyio.CancelScope(shield=True):
+            await self._destroy_quietly(session)
 
     async def _remove(self, session: Session, *, abandon: bool = False) -> None:
         session.state = "destroying"
