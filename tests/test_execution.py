@@ -10,14 +10,13 @@ from typing import Any
 import anyio
 import pytest
 from code_sandbox import execution
-from code_sandbox.engine import ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import HOST_GRACE_SECONDS, RunResult, run_entrypoint
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.transport import StderrSink
 from code_sandbox.workspace import list_files, write_files
 
-from tests.support.edited_transport import EditedTransport, is_run
+from tests.support.edited_transport import EditedTransport, install
 from tests.support.output import on_first_output
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
@@ -137,8 +136,31 @@ async def test_a_run_near_the_end_of_the_lifetime_times_out_instead_of_failing(
     assert result.timed_out is True and result.duration_ms < 4000
 
 
+KILL_THE_CHANNEL = """
+const fs = require('fs');
+for (const p of fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p) && Number(p) !== process.pid)) {
+  try { if (fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes('--channel')) process.kill(Number(p), 'SIGKILL'); }
+  catch {}
+}
+"""
+
+
+async def test_a_channel_that_died_between_calls_destroys_the_sandbox_at_the_next_call(
+    manager: SessionManager, session: Session
+) -> None:
+    await write_files(manager, session.id, [("a.txt", "a")], overwrite=False)  # the channel is open now
+    # Killed from outside any run (a second exec as the sandbox uid), as the kernel's OOM killer might.
+    argv = ["/usr/local/bin/node", "-e", KILL_THE_CHANNEL]
+    killer = manager.engine.exec(session.container_id, argv, user=session.user, timeout=30, max_stdout=1024)
+    assert killer.exit_code == 0
+    with pytest.raises(SandboxError) as caught:
+        await list_files(manager, session.id, ".", recursive=True, max_depth=1)
+    assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message
+    assert len(manager) == 0
+
+
 async def test_a_garbled_runner_answer_destroys_the_session(manager: SessionManager, session: Session) -> None:
-    manager.transport = _edited_runner_answer(manager, lambda answer: answer.pop("stdout_b64"))
+    install(manager, _edited_runner_answer(manager, lambda answer: answer.pop("stdout_b64")))
     with pytest.raises(SandboxError) as caught:
         await run(manager, session, "console.log(1)")
     assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
@@ -242,16 +264,16 @@ def _edited_runner_answer(manager: SessionManager, edit: Callable[[dict[str, Any
     """The runner's answer edited: faults no real program can force (cleanup failing) or that user code sharing
     the runner's uid could cause (a garbled answer)."""
 
-    def edit_result(_argv: list[str], result: ExecResult, _on_stderr: StderrSink | None) -> ExecResult:
-        answer = json.loads(result.stdout)
+    def edit_line(line: bytes, _on_stderr: StderrSink | None) -> bytes:
+        answer = json.loads(line)
         edit(answer)
-        return ExecResult(result.exit_code, json.dumps(answer).encode() + b"\n", result.stderr)
+        return json.dumps(answer).encode()
 
-    return EditedTransport(manager.engine, manager.profile, is_run, edit_result)
+    return EditedTransport(manager.engine, manager.profile, "run", edit_line)
 
 
 async def test_failed_process_cleanup_destroys_the_session(manager: SessionManager, session: Session) -> None:
-    manager.transport = _edited_runner_answer(manager, lambda answer: answer.update(cleanup="failed"))
+    install(manager, _edited_runner_answer(manager, lambda answer: answer.update(cleanup="failed")))
     with pytest.raises(SandboxError) as caught:
         await run(manager, session, "console.log(1)")
     assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED

@@ -1,7 +1,8 @@
 """Helper output as an attack: whatever a helper writes, the host parses it strictly or destroys the sandbox.
 
 User code can no longer reach the runner's pipes (see test_trust_boundary.py), so these faults are injected at the
-transport's exec, around a real container: the real helper runs, then its output is replaced or extended.
+transport, around a real container: the real helper answers on its channel (or, for an exit code, in an exec),
+then what the host reads is replaced or extended.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.transport import StderrSink
 from code_sandbox.workspace import list_files, write_files
 
-from tests.support.edited_transport import Edit, EditedTransport, is_file_operation, is_run
+from tests.support.edited_transport import EditedExecTransport, EditedTransport, LineEdit, install, is_run
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
@@ -32,17 +33,17 @@ async def session(manager: SessionManager) -> Session:
     return session
 
 
-def _poison_stderr(line: bytes) -> Edit:
-    def edit(_argv: list[str], result: ExecResult, on_stderr: StderrSink | None) -> ExecResult:
+def _poison_stderr(poison: bytes) -> LineEdit:
+    def edit(line: bytes, on_stderr: StderrSink | None) -> bytes:
         assert on_stderr is not None
-        on_stderr(line + b"\n")
-        return result
+        on_stderr(poison + b"\n")
+        return line
 
     return edit
 
 
-def _replace_stdout(stdout: bytes, exit_code: int | None = 0) -> Edit:
-    return lambda _argv, _result, _on_stderr: ExecResult(exit_code, stdout, b"")
+def _replace_answer(answer: bytes) -> LineEdit:
+    return lambda _line, _on_stderr: answer
 
 
 async def _progress(_elapsed: float, _output: int) -> None:
@@ -56,10 +57,10 @@ async def _progress(_elapsed: float, _output: int) -> None:
         _poison_stderr(b'{"elapsed_ms":1,"stdout_bytes":-1,"stderr_bytes":0}'),
         _poison_stderr(b"[" * 100_000 + b"]" * 100_000),
         _poison_stderr(b'{"stream":"stdout","b64":"not base64!"}'),
-        _replace_stdout(b"[" * 100_000 + b"]" * 100_000 + b"\n"),
-        _replace_stdout(b'{"ok":true,"exit_code":0}\n'),
-        _replace_stdout(b'{"ok":true,"exit_code":1e999}\n'),
-        _replace_stdout(b'{"ok":false,"code":"SPAWN_FAILED","message":"x"}\n'),
+        _replace_answer(b"[" * 100_000 + b"]" * 100_000),
+        _replace_answer(b'{"ok":true,"exit_code":0}'),
+        _replace_answer(b'{"ok":true,"exit_code":1e999}'),
+        _replace_answer(b'{"ok":false,"code":"SPAWN_FAILED","message":"x"}'),
     ],
     ids=[
         "huge-float",
@@ -73,9 +74,9 @@ async def _progress(_elapsed: float, _output: int) -> None:
     ],
 )
 async def test_malformed_runner_output_destroys_the_session_with_a_stable_code(
-    manager: SessionManager, session: Session, edit: Edit
+    manager: SessionManager, session: Session, edit: LineEdit
 ) -> None:
-    manager.transport = EditedTransport(manager.engine, manager.profile, is_run, edit)
+    install(manager, EditedTransport(manager.engine, manager.profile, "run", edit))
     with pytest.raises(SandboxError) as caught:
         await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=_progress)
     assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
@@ -86,7 +87,8 @@ async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionMan
     def nonzero_exit(_argv: list[str], result: ExecResult, _on_stderr: StderrSink | None) -> ExecResult:
         return ExecResult(1, result.stdout, result.stderr)
 
-    manager.transport = EditedTransport(manager.engine, manager.profile, is_run, nonzero_exit)
+    # The exec form: the one place a helper has an exit code of its own.
+    install(manager, EditedExecTransport(manager.engine, manager.profile, is_run, nonzero_exit))
     with pytest.raises(SandboxError) as caught:
         await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
     assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
@@ -106,9 +108,7 @@ async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionMan
 async def test_malformed_file_helper_answers_destroy_the_session(
     manager: SessionManager, session: Session, stdout: bytes
 ) -> None:
-    manager.transport = EditedTransport(
-        manager.engine, manager.profile, is_file_operation("list"), _replace_stdout(stdout)
-    )
+    install(manager, EditedTransport(manager.engine, manager.profile, "list", _replace_answer(stdout.rstrip())))
     with pytest.raises(SandboxError) as caught:
         await list_files(manager, session.id, ".", recursive=True, max_depth=2)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message
@@ -121,18 +121,18 @@ async def test_a_flood_of_progress_lines_is_dropped_unparsed_past_the_budget(
     line = b'{"elapsed_ms":1,"stdout_bytes":1,"stderr_bytes":1}\n'
     flood = line * (8 * 1024 * 1024 // len(line))
 
-    def edit(_argv: list[str], result: ExecResult, on_stderr: StderrSink | None) -> ExecResult:
+    def edit(line: bytes, on_stderr: StderrSink | None) -> bytes:
         assert on_stderr is not None
         for start in range(0, len(flood), 65536):
             on_stderr(flood[start : start + 65536])
-        return result
+        return line
 
     updates: list[float] = []
 
     async def progress(elapsed: float, _output: int) -> None:
         updates.append(elapsed)
 
-    manager.transport = EditedTransport(manager.engine, manager.profile, is_run, edit)
+    install(manager, EditedTransport(manager.engine, manager.profile, "run", edit))
     result = await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=progress)
     assert (result.exit_code, result.stdout) == (0, "hi\n")
     # 160k lines arrive within a fraction of a second: the burst and a few refills are parsed, the rest dropped.
@@ -162,7 +162,7 @@ async def test_a_process_that_survives_the_run_destroys_the_session(manager: Ses
             real.exec(session.container_id, argv, user=session.user, timeout=40, max_stdout=1024,
                       on_stderr=lambda _chunk: None, exit_code=False)  # fmt: skip
 
-    def edit(_argv: list[str], result: ExecResult, _on_stderr: StderrSink | None) -> ExecResult:
+    def edit(line: bytes, _on_stderr: StderrSink | None) -> bytes:
         threading.Thread(target=start_survivor, daemon=True).start()
         deadline = time.monotonic() + 10
         while not survivor_started.is_set() and time.monotonic() < deadline:
@@ -170,9 +170,9 @@ async def test_a_process_that_survives_the_run_destroys_the_session(manager: Ses
                               timeout=10, max_stdout=1024)  # fmt: skip
             if probe.stdout.strip() != b"0":
                 survivor_started.set()
-        return result
+        return line
 
-    manager.transport = EditedTransport(real, manager.profile, is_run, edit)
+    install(manager, EditedTransport(real, manager.profile, "run", edit))
     with pytest.raises(SandboxError) as caught:
         await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
     assert survivor_started.is_set()
@@ -184,7 +184,8 @@ _COUNT = """
 const fs = require('fs');
 console.log(fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p)).filter((p) => {
   try { const uid = +fs.readFileSync(`/proc/${p}/status`, 'latin1').match(/Uid:\\s+(\\d+)/)[1];
-        return uid !== 0 && uid !== 65533; } catch { return false; } }).length);
+        const channel = fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes('--channel');
+        return uid !== 0 && uid !== 65533 && !channel; } catch { return false; } }).length);
 """
 
 
@@ -212,10 +213,8 @@ let n = 0; const t = setInterval(() => { console.log(`line ${n}`); if (++n === 2
 async def test_a_write_answer_with_the_wrong_number_of_results_destroys_the_session(
     manager: SessionManager, session: Session
 ) -> None:
-    stdout = b'{"ok":true,"results":["written"],"entries":3,"bytes":10}\n'
-    manager.transport = EditedTransport(
-        manager.engine, manager.profile, is_file_operation("write"), _replace_stdout(stdout)
-    )
+    answer = b'{"ok":true,"results":["written"],"entries":3,"bytes":10}'
+    install(manager, EditedTransport(manager.engine, manager.profile, "write", _replace_answer(answer)))
     with pytest.raises(SandboxError) as caught:
         await write_files(manager, session.id, [("a.txt", "a"), ("b.txt", "b")], overwrite=False)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message

@@ -1,21 +1,52 @@
-"""The real Docker transport with one helper's raw result edited: faults that no honest helper produces on demand
-(a garbled answer, a flood of lines), injected at the bytes the host parses, around a real container."""
+"""The real transports with one helper's raw answer edited: faults that no honest helper produces on demand (a
+garbled answer, a flood of lines), injected at the bytes the host parses, around a real container.
+
+:class:`EditedTransport` edits answers on the session's channel (file operations and runs, as the server sends
+them); :class:`EditedExecTransport` edits exec results (the exec form, where an exit code exists). Install either
+with :func:`install`, which closes the channels the manager's previous transport held.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from code_sandbox.engine import DockerEngine, ExecResult
+from code_sandbox.engine import DockerEngine, ExecResult, HeldExec
 from code_sandbox.profile import Profile
-from code_sandbox.transport import DockerTransport, StderrSink, Target
+from code_sandbox.sessions import SessionManager
+from code_sandbox.transport import ChannelTransport, DockerTransport, StderrSink, Target, Transport
 
-Edit = Callable[[list[str], ExecResult, StderrSink | None], ExecResult]
-"""Gets the helper's argv, what the real helper returned, and the stderr sink (to feed it lines); returns what the
-host is to see instead."""
+LineEdit = Callable[[bytes, StderrSink | None], bytes]
+"""Gets the helper's answer line and the stderr sink (to feed it lines); returns the line the host is to see."""
+ExecEdit = Callable[[list[str], ExecResult, StderrSink | None], ExecResult]
 
 
-class EditedTransport(DockerTransport):
-    def __init__(self, engine: DockerEngine, profile: Profile, match: Callable[[list[str]], bool], edit: Edit) -> None:
+class EditedTransport(ChannelTransport):
+    """The channel transport; the answer to every request of ``operation`` (``"run"``, ``"list"``...) is edited."""
+
+    def __init__(self, engine: DockerEngine, profile: Profile, operation: str, edit: LineEdit) -> None:
+        super().__init__(engine, profile)
+        self._operation = operation
+        self._edit = edit
+
+    def _read_answer(
+        self,
+        operation: str,
+        held: HeldExec,
+        deadline: float,
+        max_stdout: int,
+        max_stderr: int,
+        on_stderr: StderrSink | None,
+    ) -> bytes:
+        line = super()._read_answer(operation, held, deadline, max_stdout, max_stderr, on_stderr)
+        return self._edit(line, on_stderr) if operation == self._operation else line
+
+
+class EditedExecTransport(DockerTransport):
+    """The exec transport; every exec whose argv ``match`` accepts gets its result edited."""
+
+    def __init__(
+        self, engine: DockerEngine, profile: Profile, match: Callable[[list[str]], bool], edit: ExecEdit
+    ) -> None:
         super().__init__(engine, profile)
         self._match = match
         self._edit = edit
@@ -38,10 +69,12 @@ class EditedTransport(DockerTransport):
         return self._edit(argv, result, on_stderr) if self._match(argv) else result
 
 
+def install(manager: SessionManager, transport: Transport) -> None:
+    """Make ``transport`` the manager's, closing what the previous one held (its sandboxes' channels)."""
+    manager.transport.close_all()
+    manager.transport = transport
+
+
 def is_run(argv: list[str]) -> bool:
-    """A run (``runner -``), not ``--kill-all``, ``--survey`` or ``--watchdog-ready``."""
+    """A run in the exec form (``runner -``), not ``--kill-all``, ``--survey`` or ``--watchdog-ready``."""
     return any(arg.endswith("runner.mjs") for arg in argv) and argv[-1] == "-"
-
-
-def is_file_operation(operation: str) -> Callable[[list[str]], bool]:
-    return lambda argv: any(arg.endswith("files.mjs") for arg in argv) and operation in argv

@@ -430,34 +430,7 @@ class DockerEngine:
             ``CONTAINER_UNAVAILABLE`` when the container or daemon is gone.
         """
         deadline = time.monotonic() + timeout
-        api = self.api()
-        with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is not available"):
-            try:
-                exec_id = str(
-                    cast(
-                        dict[str, Any],
-                        api.exec_create(
-                            container_id,
-                            argv,
-                            stdout=True,
-                            stderr=True,
-                            stdin=stdin is not None,
-                            tty=False,
-                            user=user,
-                            environment=dict(ENVIRONMENT),
-                            workdir=WORKSPACE_DIR,
-                            privileged=False,
-                        ),
-                    )["Id"]
-                )
-            except docker.errors.NotFound:
-                raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone") from None
-            except docker.errors.APIError as exc:
-                if exc.status_code == 409:  # container not running
-                    raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone") from None
-                raise
-            attached = api.exec_start(exec_id, socket=True)
-        raw = cast(socket.socket, getattr(attached, "_sock", attached))
+        exec_id, attached, raw = self._start_exec(container_id, argv, user=user, stdin=stdin is not None)
         try:
             if stdin is not None:
                 _send_all(raw, stdin, deadline)
@@ -475,6 +448,47 @@ class DockerEngine:
                 raw.close()
         code = self._exec_exit_code(exec_id, deadline) if exit_code else None
         return ExecResult(exit_code=code, stdout=stdout, stderr=stderr)
+
+    def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
+        """Start ``argv`` in the container with its stdin held open: requests go in, answers come back one line at
+        a time, for as long as the process lives (the helpers' channel).
+
+        :raises SandboxError: ``CONTAINER_UNAVAILABLE`` when the container or daemon is gone.
+        """
+        _exec_id, attached, raw = self._start_exec(container_id, argv, user=user, stdin=True)
+        return HeldExec(attached, raw)
+
+    def _start_exec(
+        self, container_id: str, argv: list[str], *, user: str, stdin: bool
+    ) -> tuple[str, Any, socket.socket]:
+        api = self.api()
+        with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is not available"):
+            try:
+                exec_id = str(
+                    cast(
+                        dict[str, Any],
+                        api.exec_create(
+                            container_id,
+                            argv,
+                            stdout=True,
+                            stderr=True,
+                            stdin=stdin,
+                            tty=False,
+                            user=user,
+                            environment=dict(ENVIRONMENT),
+                            workdir=WORKSPACE_DIR,
+                            privileged=False,
+                        ),
+                    )["Id"]
+                )
+            except docker.errors.NotFound:
+                raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone") from None
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409:  # container not running
+                    raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone") from None
+                raise
+            attached = api.exec_start(exec_id, socket=True)
+        return exec_id, attached, cast(socket.socket, getattr(attached, "_sock", attached))
 
     def _exec_exit_code(self, exec_id: str, deadline: float) -> int | None:
         # The attach stream can end a moment before the daemon records the exit; poll briefly.
@@ -555,6 +569,65 @@ def _read_frames(
         target.extend(payload)
         if stream == _STDERR and on_stderr is not None:
             on_stderr(payload)
+
+
+class HeldExec:
+    """An exec's attach stream, held open: :meth:`send` writes to the process's stdin, :meth:`read_line` reads its
+    output until stdout holds one whole line. Used by one thread at a time (the session's lease), except that
+    :meth:`close` may come from another thread, which ends a read in progress."""
+
+    def __init__(self, attached: Any, raw: socket.socket) -> None:
+        self._attached = attached
+        self._raw = raw
+        self.closed = False
+
+    def send(self, chunks: Iterable[bytes], deadline: float) -> None:
+        """:raises SandboxError: ``TIMEOUT`` or ``TRANSFER_FAILED``."""
+        _send_all(self._raw, chunks, deadline)
+
+    def read_line(
+        self, deadline: float, *, max_stdout: int, max_stderr: int, on_stderr: Callable[[bytes], None] | None
+    ) -> bytes:
+        """The next line on stdout, without its newline; stderr on the way goes to ``on_stderr``.
+
+        :raises SandboxError: ``TIMEOUT``; ``TRANSFER_FAILED`` when the stream ends, output passes a limit, or stdout
+            carries anything after the line (one request, one line: more is out of protocol).
+        """
+        out = bytearray()
+        err_bytes = 0
+        while True:
+            header = _recv_exact(self._raw, 8, deadline)
+            if header is None:
+                raise SandboxError(ErrorCode.TRANSFER_FAILED, "the channel to the sandbox closed")
+            stream, length = struct.unpack(">BxxxL", header)
+            if stream == _STDOUT and len(out) + length <= max_stdout:
+                payload = _recv_exact(self._raw, length, deadline) if length else b""
+                if payload is None:
+                    raise SandboxError(ErrorCode.TRANSFER_FAILED, "the channel to the sandbox closed")
+                out.extend(payload)
+                end = out.find(b"\n")
+                if end == -1:
+                    continue
+                if end != len(out) - 1:
+                    raise SandboxError(ErrorCode.TRANSFER_FAILED, "the sandbox helper answered out of protocol")
+                return bytes(out[:end])
+            if stream == _STDERR and err_bytes + length <= max_stderr:
+                payload = _recv_exact(self._raw, length, deadline) if length else b""
+                if payload is None:
+                    raise SandboxError(ErrorCode.TRANSFER_FAILED, "the channel to the sandbox closed")
+                err_bytes += length
+                if on_stderr is not None:
+                    on_stderr(payload)
+                continue
+            raise SandboxError(ErrorCode.TRANSFER_FAILED, "the sandbox helper answered out of protocol")
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self._raw.shutdown(socket.SHUT_RDWR)  # wakes a read in another thread, which then sees the end
+        for closable in (self._attached, self._raw):
+            with contextlib.suppress(OSError):
+                closable.close()
 
 
 class _ChunkReader(io.RawIOBase):

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """The version of these messages and of the helpers' command lines and framing. A profile declares the version its
 helpers speak, and the image carries it as the label :data:`PROTOCOL_LABEL`; both must equal this."""
 PROTOCOL_LABEL = "io.code-sandbox.protocol"
@@ -149,6 +149,13 @@ class ReadyAnswer(Message):
 
     ok: Literal[True]
     ready: bool
+
+
+class ChannelHello(Message):
+    """``runner --channel``'s first line: its pid, which the supervisor's survey then spares."""
+
+    ok: Literal[True]
+    pid: Annotated[int, Field(ge=1, le=2**32)]
 
 
 class Progress(Message):

@@ -38,7 +38,7 @@ from code_sandbox.image import VerifiedImages, verification_key, verify_image
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import ReadyAnswer
 from code_sandbox.settings import Settings
-from code_sandbox.transport import DockerTransport, Target, Transport
+from code_sandbox.transport import ChannelTransport, Target, Transport
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -117,7 +117,7 @@ class SessionManager:
         verified: VerifiedImages | None = None,
     ) -> None:
         self.engine = engine
-        self.transport = transport or DockerTransport(engine, profile)
+        self.transport = transport or ChannelTransport(engine, profile)
         """How calls reach the helpers inside the sandboxes."""
         self.verified = verified
         """Image verifications that earlier server processes recorded (the state directory), if any."""
@@ -331,6 +331,12 @@ class SessionManager:
             raise
         finally:
             self._warming.discard(container_id)
+        if ready and not self._closing:
+            # The channel opens now, so that the session that claims this container does not wait for it.
+            try:
+                await self._run(self.transport.prepare, Target(container_id, user_of(uid)))
+            except SandboxError:
+                ready = False
         if not ready or self._closing:
             await self._discard(container_id)
             if not ready:
@@ -364,6 +370,7 @@ class SessionManager:
             await self._pool_changed.wait()
 
     async def _discard(self, container_id: str) -> None:
+        self.transport.close(container_id)
         with contextlib.suppress(SandboxError):
             await self._run(self.engine.remove_container, container_id, abandon=True)
 
@@ -429,6 +436,7 @@ class SessionManager:
                 ErrorCode.CONTAINER_REMOVAL_FAILED,
                 "the sandbox could not be removed yet; it is disabled and removal will be retried",
             ) from None
+        self.transport.close(session.container_id)
         self._sessions.pop(session.id, None)
         logger.info("session %s destroyed", session.hash)
 
@@ -508,6 +516,7 @@ class SessionManager:
                         # Abandonable: a hung daemon must not hold shutdown past its bound; what is left is
                         # removed by the interpreter-exit handler or, at worst, by the container's watchdog.
                         group.start_soon(partial(self._destroy_quietly, session, abandon=True))
+        self.transport.close_all()
 
     def remove_all_now(self) -> None:
         """Synchronous last resort for interpreter exit: remove what is left, ignoring failures."""

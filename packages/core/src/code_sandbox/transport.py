@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import abc
 import itertools
+import json
 import struct
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from code_sandbox.engine import DockerEngine, ExecResult
+from code_sandbox.engine import DockerEngine, ExecResult, HeldExec
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import SUPERVISOR_USER
 from code_sandbox.profile import HelperKind, Profile
 from code_sandbox.protocol import (
+    ChannelHello,
     DeleteRequest,
     DigestRequest,
     InventoryRequest,
@@ -38,6 +42,7 @@ from code_sandbox.protocol import (
     SurveyAnswer,
     WriteRequest,
     parse_answer,
+    parse_message,
 )
 
 MiB = 1024 * 1024
@@ -51,6 +56,8 @@ _OPERATIONS: dict[type[Message], str] = {
     InventoryRequest: "inventory",
 }
 StderrSink = Callable[[bytes], None]
+OPEN_SECONDS = 30.0
+"""How long a new channel may take to say hello (a runtime start in a loaded container)."""
 
 
 class HelperCrash(SandboxError):
@@ -105,6 +112,17 @@ class Transport(abc.ABC):
     def watchdog_ready(self, target: Target, *, timeout: float) -> ReadyAnswer | Refusal:
         """Whether the container's watchdog has installed its claim-signal handler."""
 
+    def prepare(self, target: Target) -> None:
+        """Get ready to serve ``target`` (open what a first call would open), so that the first call is fast."""
+        del target
+
+    def close(self, container: str) -> None:
+        """Forget a container: it is being removed."""
+        del container
+
+    def close_all(self) -> None:  # noqa: B027 - deliberately empty: only a transport that holds something closes it
+        """Forget every container (the server is shutting down)."""
+
 
 def request_frame(request: Message) -> bytes:
     """A request as one stdin frame: a 4-byte big-endian length, then UTF-8 JSON.
@@ -150,13 +168,18 @@ class DockerTransport(Transport):
     def survey(self, target: Target, release: Callable[[], bool], *, timeout: float) -> SurveyAnswer | Refusal:
         def gate() -> Iterator[bytes]:
             if release():
-                yield b"\n"
+                yield self._survey_line(target)
 
         supervisor = Target(target.container, SUPERVISOR_USER)
         return self._call(supervisor, "runner", ["--survey"], SurveyAnswer, payload=gate(), timeout=timeout)
 
     def watchdog_ready(self, target: Target, *, timeout: float) -> ReadyAnswer | Refusal:
         return self._call(target, "runner", ["--watchdog-ready"], ReadyAnswer, timeout=timeout)
+
+    def _survey_line(self, target: Target) -> bytes:
+        """What releases a survey: an empty line (count every process), or a pid to spare and a newline."""
+        del target
+        return b"\n"
 
     def _call(
         self,
@@ -211,3 +234,180 @@ class DockerTransport(Transport):
             target.container, argv, user=target.user, stdin=stdin, timeout=timeout, max_stdout=max_stdout,
             max_stderr=max_stderr, on_stderr=on_stderr,
         )  # fmt: skip
+
+
+class ChannelTransport(DockerTransport):
+    """File operations and runs over one held exec per sandbox (``runner --channel``): a request is a frame on its
+    stdin and its answer one line on its stdout, so a call costs neither a ``docker exec`` nor a runtime start.
+
+    The survey goes over a second held exec, as the supervisor uid (``runner --supervise``: one survey per line).
+    The kill-all and the watchdog check stay execs: they must work while the channel is busy or not yet open.
+
+    Whatever goes wrong on a channel (it ends, says too much, is too slow) is a crash or a timeout like any
+    helper's: the channel is dropped and the caller destroys the sandbox (a channel that died between calls is
+    found by the next call, the same way). Only a channel that the host's own kill-all ended (a cancelled run,
+    whose cleanup the survey then proves) is opened again, by the next call.
+    """
+
+    def __init__(self, engine: DockerEngine, profile: Profile) -> None:
+        super().__init__(engine, profile)
+        self._channels: dict[Target, tuple[HeldExec, int]] = {}
+        self._supervisors: dict[str, HeldExec] = {}
+        self._lock = threading.Lock()
+
+    def prepare(self, target: Target) -> None:
+        try:
+            self._channel(target)
+            self._supervisor(target.container)
+        except SandboxError:
+            raise
+        except Exception:  # a hello out of protocol
+            raise HelperCrash() from None
+
+    def close(self, container: str) -> None:
+        with self._lock:
+            targets = [target for target in self._channels if target.container == container]
+        for target in targets:
+            self._drop(target)
+        self._drop_supervisor(container)
+
+    def survey(self, target: Target, release: Callable[[], bool], *, timeout: float) -> SurveyAnswer | Refusal:
+        try:
+            # Opened (if need be) while the run is still going: the survey is started beside it for this.
+            held = self._supervisor(target.container)
+            if not release():
+                return Refusal(ok=False, code="INVALID_REQUEST", message="the survey was not wanted")
+            deadline = time.monotonic() + min(timeout, OPEN_SECONDS)
+            held.send([self._survey_line(target)], deadline)
+            line = held.read_line(deadline, max_stdout=4096, max_stderr=4096, on_stderr=None)
+            return parse_answer(line, SurveyAnswer)
+        except SandboxError as error:
+            self._drop_supervisor(target.container)
+            if error.code in (ErrorCode.TIMEOUT, ErrorCode.CONTAINER_UNAVAILABLE):
+                raise
+            raise HelperCrash() from None
+        except Exception:
+            self._drop_supervisor(target.container)
+            raise HelperCrash() from None
+
+    def _supervisor(self, container: str) -> HeldExec:
+        with self._lock:
+            held = self._supervisors.get(container)
+        if held is not None and not held.closed:
+            return held
+        argv = [*self.profile.helper_argv("runner"), "--supervise"]
+        opened = self.engine.open_exec(container, argv, user=SUPERVISOR_USER)
+        with self._lock:
+            self._supervisors[container] = opened
+        return opened
+
+    def _drop_supervisor(self, container: str) -> None:
+        with self._lock:
+            held = self._supervisors.pop(container, None)
+        if held is not None:
+            held.close()
+
+    def files(
+        self, target: Target, request: FileRequest, answer: type[M], *, payload: Iterable[bytes] = (), timeout: float
+    ) -> M | Refusal:
+        operation = _OPERATIONS[type(request)]
+        frame = _envelope(operation, request)
+        return self._exchange(target, operation, itertools.chain([frame], payload), answer, timeout=timeout)
+
+    def run(
+        self, target: Target, request: RunRequest, *, timeout: float, on_stderr: StderrSink | None = None
+    ) -> RunAnswer | Refusal:
+        frame = _envelope("run", request)
+        return self._exchange(
+            target, "run", [frame], RunAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
+            on_stderr=on_stderr,
+        )  # fmt: skip
+
+    def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
+        # Kills every process of the sandbox uid, the channel included; the next call opens a new one.
+        try:
+            return super().kill_all(target, timeout=timeout)
+        finally:
+            self._drop(target)
+
+    def _channel(self, target: Target) -> HeldExec:
+        with self._lock:
+            known = self._channels.get(target)
+        if known is not None and not known[0].closed:
+            return known[0]
+        argv = [*self.profile.helper_argv("runner"), "--channel"]
+        opened = self.engine.open_exec(target.container, argv, user=target.user)
+        try:
+            hello = opened.read_line(time.monotonic() + OPEN_SECONDS, max_stdout=4096, max_stderr=4096, on_stderr=None)
+            pid = parse_message(hello, ChannelHello).pid
+        except BaseException:
+            opened.close()
+            raise
+        with self._lock:
+            self._channels[target] = (opened, pid)
+        return opened
+
+    def _survey_line(self, target: Target) -> bytes:
+        with self._lock:
+            known = self._channels.get(target)
+        return b"\n" if known is None else f"{known[1]}\n".encode()
+
+    def _drop(self, target: Target) -> None:
+        with self._lock:
+            known = self._channels.pop(target, None)
+        if known is not None:
+            known[0].close()
+
+    def close_all(self) -> None:
+        """Close every channel (the server is shutting down; the containers go with it)."""
+        with self._lock:
+            targets, containers = list(self._channels), list(self._supervisors)
+        for target in targets:
+            self._drop(target)
+        for container in containers:
+            self._drop_supervisor(container)
+
+    def _exchange(
+        self,
+        target: Target,
+        operation: str,
+        chunks: Iterable[bytes],
+        answer: type[M],
+        *,
+        timeout: float,
+        max_answer: int = 16 * MiB,
+        max_stderr: int = MiB,
+        on_stderr: StderrSink | None = None,
+    ) -> M | Refusal:
+        deadline = time.monotonic() + timeout
+        try:
+            held = self._channel(target)
+            held.send(chunks, deadline)
+            line = self._read_answer(operation, held, deadline, max_answer, max_stderr, on_stderr)
+            return parse_answer(line, answer)
+        except SandboxError as error:
+            self._drop(target)
+            if error.code in (ErrorCode.TIMEOUT, ErrorCode.CONTAINER_UNAVAILABLE):
+                raise
+            raise HelperCrash() from None
+        except Exception:  # anything at all while reading or parsing: the channel cannot be trusted
+            self._drop(target)
+            raise HelperCrash() from None
+
+    def _read_answer(
+        self,
+        operation: str,
+        held: HeldExec,
+        deadline: float,
+        max_stdout: int,
+        max_stderr: int,
+        on_stderr: StderrSink | None,
+    ) -> bytes:
+        """The answer line of one request; fault tests override it to corrupt what a real helper said."""
+        del operation
+        return held.read_line(deadline, max_stdout=max_stdout, max_stderr=max_stderr, on_stderr=on_stderr)
+
+
+def _envelope(operation: str, request: Message) -> bytes:
+    body = b'{"op":' + json.dumps(operation).encode() + b',"request":' + request.model_dump_json().encode() + b"}"
+    return struct.pack(">I", len(body)) + body

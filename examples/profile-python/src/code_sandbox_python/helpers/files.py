@@ -1,5 +1,6 @@
 # File helper of the code-sandbox image: the only way the host reads or changes /workspace.
 # Usage: python3 -I -S -B /opt/sandbox/files.py <write|list|read|delete|inventory|digest> <request-json | ->
+# The runner's --channel mode loads this file and serves the same operations (file_operation) over a held stdin.
 # Answers exactly one JSON line on stdout and exits 0 (refusals included); a nonzero exit is a bug.
 # User code owns the workspace between calls, so nothing found there is trusted: every op first checks
 # that the tree holds only plain directories and single-link regular files, and never follows a symlink.
@@ -364,7 +365,8 @@ def op_delete(req):
 
 
 # Reads exactly `n` bytes of stdin, handing each piece to `sink`; False if stdin ended first. It copes with short
-# reads and a non-blocking fd 0, and stops at the count, never waiting for EOF.
+# reads and a non-blocking fd 0, and stops at the count, never waiting for EOF. It never asks for more than it was
+# asked for, so nothing is read ahead: the runner's channel uses it for its frames and for a write's payload alike.
 def take(n, sink):
     left = n
     while left > 0:
@@ -382,18 +384,18 @@ def take(n, sink):
     return True
 
 
-def read_exact(n):
+def read_exact(take, n):
     pieces = []
     if not take(n, pieces.append):
         raise Refusal("TRANSFER_FAILED")
     return b"".join(pieces)
 
 
-def read_frame():
-    length = int.from_bytes(read_exact(4), "big")
+def read_frame(take):
+    length = int.from_bytes(read_exact(take, 4), "big")
     if length > MAX_HEADER_BYTES:
         raise Refusal("INVALID_REQUEST")
-    return read_exact(length).decode("utf-8-sig")  # TextDecoder drops a leading BOM too
+    return read_exact(take, length).decode("utf-8-sig")  # TextDecoder drops a leading BOM too
 
 
 def has_exact_keys(value, keys):
@@ -477,6 +479,9 @@ def plan_write(all_parts, sizes, overwrite, inventory):
 
 
 mutated = False  # once True, a failure leaves a partly written workspace: answers carry "partial"
+# True from the start of a write until its payload has been read whole: a write that stops earlier (a malformed
+# request or header, or a payload cut short) leaves stdin at no known frame boundary, so a channel must end.
+payload_pending = False
 
 
 def mark_mutated():
@@ -520,15 +525,20 @@ def write_one(parts, body, overwrite):
         close(dir_fd)
 
 
-def op_write(req):
+def payload_read():
+    global payload_pending
+    payload_pending = False
+
+
+def op_write(req, take):
     limits = [safe_int(req[k]) for k in ("max_file_bytes", "max_entries", "max_total_bytes")]
     if type(req["overwrite"]) is not bool or not all(n is not None and n >= 0 for n in limits):
         raise Refusal("INVALID_REQUEST")
     max_file_bytes, max_entries, max_total_bytes = limits
-    length = int.from_bytes(read_exact(4), "big")
+    length = int.from_bytes(read_exact(take, 4), "big")
     if length > MAX_HEADER_BYTES:
         raise Refusal("INVALID_REQUEST")
-    files = parse_header(read_exact(length))
+    files = parse_header(read_exact(take, length))
     # Header-only checks first, but the refusal waits until the body is consumed, so the host's write of the
     # stream never meets a closed pipe.
     refusal = None
@@ -549,8 +559,10 @@ def op_write(req):
     if refusal is not None:
         if not take(declared, lambda _chunk: None):
             raise Refusal("TRANSFER_FAILED")
+        payload_read()
         raise refusal
-    bodies = [read_exact(f["size"]) for f in files]
+    bodies = [read_exact(take, f["size"]) for f in files]
+    payload_read()
     inventory = take_inventory()
     if inventory["overflow"]:
         raise Refusal("WORKSPACE_LIMIT_EXCEEDED")
@@ -594,6 +606,38 @@ def answer_for_error(err):
     return None
 
 
+INTERNAL_ERROR = {"ok": False, "code": "INTERNAL_ERROR", "message": MESSAGES["INTERNAL_ERROR"]}
+
+
+# One operation on the workspace, as an answer object; it never raises. `take` reads the operation's payload from
+# stdin (a write's header and bytes). Each call starts afresh: the "partial" flag and the umask are this call's,
+# and the umask is put back afterwards, so a runner that serves files and runs in one process hands its programs
+# the umask it started with.
+def file_operation(op, req, take):
+    global mutated, payload_pending
+    mutated = False
+    payload_pending = op == "write"
+    umask = os.umask(0o077)
+    try:
+        if op not in OPS or not has_exact_keys(req, REQUEST_KEYS[op]):
+            raise Refusal("INVALID_REQUEST")
+        if op == "write":
+            return {"ok": True, **op_write(req, take)}  # consumes stdin first; takes its inventory itself
+        inventory = take_inventory()
+        if op == "inventory":
+            return {"ok": True, **inventory}  # exactly entries, bytes, overflow
+        return {"ok": True, **OPS[op](req)}
+    except BaseException as err:  # every failure becomes one answer
+        known = answer_for_error(err)
+        if known is None:
+            return dict(INTERNAL_ERROR)
+        if mutated:
+            known["partial"] = True
+        return known
+    finally:
+        os.umask(umask)
+
+
 def answer(obj, exit_code=0):
     # The bytes JSON.stringify writes (no spaces, non-ASCII as UTF-8, the same escapes), written whole on the raw
     # fd before we exit, so no buffer is left for the interpreter to flush.
@@ -604,40 +648,29 @@ def answer(obj, exit_code=0):
 
 
 def main():
-    os.umask(0o077)
     # SIGINT ends us, as it ends Node.js, rather than raising KeyboardInterrupt into an op.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     # Arguments as Node.js sees them: undecodable bytes become U+FFFD rather than surrogate escapes.
     args = [os.fsencode(arg).decode("utf-8", "replace") for arg in sys.argv[1:]]
-    if len(args) < 2 or args[0] not in OPS or len(args) > 2:
-        raise Refusal("INVALID_REQUEST")
+    if len(args) != 2 or args[0] not in OPS:
+        return Refusal("INVALID_REQUEST").answer
     op, text = args
     try:
         # "-": the request is the first frame on stdin (4-byte big-endian length, then JSON), which has no argv
         # size limit; a single argv string is capped at 128 KiB by the kernel.
-        req = parse_json(read_frame() if text == "-" else text)
-    except Refusal:
-        raise
+        req = parse_json(read_frame(take) if text == "-" else text)
+    except Refusal as err:
+        return err.answer
     except Exception:
-        raise Refusal("INVALID_REQUEST") from None
-    if not has_exact_keys(req, REQUEST_KEYS[op]):
-        raise Refusal("INVALID_REQUEST")
-    if op == "write":
-        return op_write(req)  # consumes stdin first; takes its inventory itself
-    inventory = take_inventory()
-    if op == "inventory":
-        return {"entries": inventory["entries"], "bytes": inventory["bytes"], "overflow": inventory["overflow"]}
-    return OPS[op](req)
+        return Refusal("INVALID_REQUEST").answer
+    return file_operation(op, req, take)
 
 
+# Run as a program (the runner loads this file without running this): answer once, exit 0 for every well-formed
+# answer, 1 after INTERNAL_ERROR.
 if __name__ == "__main__":
     try:
         result = main()
-    except BaseException as err:  # every failure becomes one answer line
-        known = answer_for_error(err)
-        if known is not None and mutated:
-            known["partial"] = True
-        if known is None:
-            answer({"ok": False, "code": "INTERNAL_ERROR", "message": MESSAGES["INTERNAL_ERROR"]}, 1)
-        answer(known)
-    answer({"ok": True, **result})
+    except BaseException:
+        result = INTERNAL_ERROR
+    answer(result, 1 if result.get("code") == "INTERNAL_ERROR" else 0)

@@ -1,8 +1,11 @@
 # Runner of the code-sandbox image: runs one user command in its own process group with byte caps on stdout
 # and stderr and a timeout, then kills every process the sandbox user has left behind.
-# Usage: python3 -I -S -B /opt/sandbox/runner.py <request-json | - | --kill-all | --watchdog-ready | --survey>
+# Usage: python3 -I -S -B /opt/sandbox/runner.py
+#            <request-json | - | --kill-all | --watchdog-ready | --survey | --channel | --supervise>
 # stdout carries exactly one JSON answer line; stderr carries one JSON progress line per second of the run.
 # Exit 0 for every well-formed answer (refusals included); a nonzero exit is a bug.
+# --channel serves many requests, runs and file operations alike, one after another over a stdin held open for
+# the life of the sandbox: one answer line each (see channel below).
 #
 # User code runs under the runner's own uid, so the runner protects itself the way the kernel allows: python3 is
 # installed unreadable (mode 0711), which makes every process that execs it non-dumpable, so user code cannot open
@@ -151,6 +154,10 @@ def parse_request(text):
         req = parse_json(text)
     except (ValueError, RecursionError):
         return None
+    return check_request(req)
+
+
+def check_request(req):
     keys = ["argv", "timeout_ms", "stdout_cap", "stderr_cap"]
     # "stream" is optional: when true, kept output is also sent as it arrives (see Capture).
     if type(req) is not dict or not all(k in req for k in keys) or any(k not in keys and k != "stream" for k in req):
@@ -473,17 +480,19 @@ def sealed():
 # or read): after a run, any such process outlived it. A status that cannot be read counts as alive; a process that
 # vanished between listing and reading means the process table changed under us, so we look again, and a table
 # that keeps changing (something still forks and exits) counts as alive too.
+# `spared` is the pid of the session's channel (a runner of the sandbox uid that lives on between runs), which the
+# host learned from the channel itself when it opened it; it is the one process not counted.
 SURVEY_SCANS = 5
 
 
-def survey():
+def survey(spared):
     own = os.getuid()
     me = os.getpid()
     for _scan in range(SURVEY_SCANS):
         alive = 0
         vanished = 0
         for name in proc_pids():
-            if int(name) == me:
+            if int(name) in (me, spared):
                 continue
             try:
                 status = read_status(name)
@@ -501,12 +510,34 @@ def survey():
     return 1
 
 
-# Waits for the first byte on stdin: true when one came, false when stdin ended (the survey is not wanted).
+# Waits for one line on stdin, which releases the survey: empty, or the pid to spare (the channel's). Returns
+# {"spared": pid or None}, or None when stdin ends first (the survey is not wanted) or the line is malformed.
+# One byte at a time: the line is short, and nothing after it is ours to read.
+SURVEY_LINE_BYTES = 16
+
+
+released_at_end = False  # set when released() found stdin at its end before a byte of a line
+
+
 def released():
-    try:
-        return len(read_stdin(1)) > 0
-    except OSError:
-        return False
+    global released_at_end
+    line = b""
+    while True:
+        try:
+            byte = read_stdin(1)
+        except OSError:
+            return None
+        if not byte:
+            released_at_end = line == b""
+            return None
+        if byte == b"\n":
+            break
+        line += byte
+        if len(line) > SURVEY_LINE_BYTES:
+            return None
+    if line == b"":
+        return {"spared": None}
+    return {"spared": int(line)} if re.fullmatch(rb"[1-9][0-9]{0,9}", line) else None
 
 
 # Whether the watchdog (another uid's process, under init) has installed its SIGUSR2 handler: a warm container
@@ -543,6 +574,95 @@ def normalize_signals():
             pass  # signals the C library reserves for itself
 
 
+# The file helper, loaded by its absolute path beside ours: -I keeps its directory off sys.path, and that directory
+# is root's (0755, files 0555), so nothing user code wrote can stand in for it.
+def load_file_helper():
+    from importlib import util
+
+    spec = util.spec_from_file_location(
+        "code_sandbox_files", os.path.join(os.path.dirname(os.path.abspath(__file__)), "files.py")
+    )
+    module = util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CHANNEL_OPS = ("write", "list", "read", "delete", "digest", "inventory", "run")
+
+
+def send(obj):
+    write_all(1, (dumps(obj) + "\n").encode())
+
+
+# Protocol version 2: the channel first says hello ({"ok": true, "pid": ...}); then requests arrive one at a time
+# as frames on a stdin that stays open, each an envelope {"op": ..., "request": ...}; a write's header frame and
+# bytes follow its envelope, as for `files.py write -`.
+# Each gets exactly the answer line its exec form gives. One reader serves the frames and the payloads and never
+# reads ahead (files.take), so nothing is lost between requests. The end of stdin at a frame boundary ends the
+# channel quietly; anything that leaves no trustworthy next frame (a frame cut short or too large, not UTF-8 or
+# not JSON, a bad envelope, a write whose payload was not read whole) is answered, if at all, and ends it with
+# exit 0; after INTERNAL_ERROR we exit 1. Programs run exactly as in the exec form, and the cleanup after each run
+# kills every process of our uid but us.
+def channel():
+    files = load_file_helper()
+    import subprocess  # noqa: F401  # run()'s heaviest import, paid now while the host waits for the hello
+
+    take = files.take
+    wakeup = None  # one SIGCHLD pipe for every run: set_wakeup_fd keeps only one
+    # The first line names this process, so that the supervisor's survey can spare it (and only it) after a run.
+    send({"ok": True, "pid": os.getpid()})
+    while True:
+        head = []
+        if not take(4, head.append):
+            if not head:
+                os._exit(0)  # the host closed stdin between requests
+            answer(refusal("INVALID_REQUEST"))
+        length = int.from_bytes(b"".join(head), "big")
+        body = []
+        if length > MAX_REQUEST_BYTES or not take(length, body.append):
+            answer(refusal("INVALID_REQUEST"))
+        try:
+            envelope = parse_json(b"".join(body).decode("utf-8-sig"))  # TextDecoder drops a leading BOM too
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            answer(refusal("INVALID_REQUEST"))
+        if (
+            type(envelope) is not dict
+            or len(envelope) != 2
+            or "request" not in envelope
+            or envelope.get("op") not in CHANNEL_OPS
+        ):
+            answer(refusal("INVALID_REQUEST"))
+        op, request = envelope["op"], envelope["request"]
+        if op == "run":
+            req = check_request(request)
+            if req is None:
+                send(refusal("INVALID_REQUEST"))
+                continue
+            if wakeup is None:
+                wakeup = Wakeup()  # before the first child, so its exit cannot be missed
+            send(run(req, wakeup))  # an exception here is answered INTERNAL_ERROR below main
+            continue
+        result = files.file_operation(op, request, take)
+        if result.get("code") == "INTERNAL_ERROR":
+            answer(result, 1)
+        if files.payload_pending:
+            answer(result)
+        send(result)
+
+
+# The supervisor's channel (--supervise, run as the supervisor uid): a survey per line on a held stdin, each line as
+# for --survey, one answer line each, so a run's proof of cleanup costs no docker exec. Ends with stdin; a malformed
+# line is answered once and ends it.
+def supervise():
+    while True:
+        release = released()
+        if release is None:
+            if released_at_end:
+                os._exit(0)
+            answer(refusal("INVALID_REQUEST"))
+        send({"ok": True, "alive": survey(release["spared"])})
+
+
 def main():
     # Arguments as Node.js sees them: undecodable bytes become U+FFFD rather than surrogate escapes.
     args = [os.fsencode(arg).decode("utf-8", "replace") for arg in sys.argv[1:]]
@@ -552,14 +672,19 @@ def main():
         return refusal("RUNNING_AS_ROOT")
     if not sealed():
         return refusal("NOT_SEALED")
-    # The survey is started beside a run and waits for one byte on stdin, sent when the run is over.
+    # The survey is started beside a run and waits for a line on stdin, sent when the run is over.
     if len(args) == 1 and args[0] == "--survey":
-        return {"ok": True, "alive": survey()} if released() else refusal("INVALID_REQUEST")
+        release = released()
+        return refusal("INVALID_REQUEST") if release is None else {"ok": True, "alive": survey(release["spared"])}
     if len(args) == 1 and args[0] == "--watchdog-ready":
         return {"ok": True, "ready": watchdog_ready()}
     if len(args) == 1 and args[0] == "--kill-all":
         cleanup, killed = kill_leftovers()
         return {"ok": True, "killed": killed, "cleanup": cleanup}
+    if len(args) == 1 and args[0] == "--channel":
+        channel()  # never returns: it exits when the channel ends
+    if len(args) == 1 and args[0] == "--supervise":
+        supervise()  # never returns: it exits when stdin ends
     if len(args) != 1:
         return refusal("INVALID_REQUEST")
     # "-": the request is one frame on stdin (4-byte big-endian length, then JSON), which has no argv size limit;

@@ -1,10 +1,12 @@
 // File helper of the code-sandbox image: the only way the host reads or changes /workspace.
-// Usage: node /opt/sandbox/files.mjs <write|list|read|delete|inventory|digest> <request-json>
+// Usage: node /opt/sandbox/files.mjs <write|list|read|delete|inventory|digest> <request-json | ->
+// The runner's --channel mode imports fileOperation() and serves the same operations over a held stdin.
 // Answers exactly one JSON line on stdout and exits 0 (refusals included); a nonzero exit is a bug.
 // User code owns the workspace between calls, so nothing found there is trusted: every op first checks
 // that the tree holds only plain directories and single-link regular files, and never follows a symlink.
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import { fileURLToPath } from 'node:url';
 
 const ROOT = '/workspace';
 const C = fs.constants;
@@ -267,7 +269,7 @@ function opDelete(req) {
 
 // Reads exactly `n` bytes of stdin, handing each piece to `sink`; false if stdin ended first. The stream API
 // copes with short reads and a non-blocking fd 0, and we stop at the count, never waiting for EOF.
-function stdinTaker() {
+export function stdinTaker() {
   const chunks = process.stdin[Symbol.asyncIterator]();
   let spare = null;
   return async (n, sink) => {
@@ -456,14 +458,35 @@ function answerForError(err) {
   return null;
 }
 
-function answer(obj, exitCode = 0) {
-  process.stdout.write(`${JSON.stringify(obj)}\n`, () => process.exit(exitCode));
+export const FILE_OPERATIONS = Object.freeze(Object.keys(OPS));
+
+// One operation on the workspace, as an answer object; it never throws. `take` reads the request's payload from
+// stdin (a write's header and bytes). Each call starts afresh: the "partial" flag is this operation's.
+export async function fileOperation(op, req, take) {
+  const umask = process.umask(0o077); // ours only: a program the channel runs next keeps the default
+  mutated = false;
+  try {
+    if (!Object.hasOwn(OPS, op) || !hasExactKeys(req, REQUEST_KEYS[op])) throw new Refusal('INVALID_REQUEST');
+    if (op === 'write') return { ok: true, ...(await opWrite(req, take)) }; // consumes stdin; takes its inventory
+    const inventory = takeInventory();
+    if (op === 'inventory') {
+      return { ok: true, entries: inventory.entries, bytes: inventory.bytes, overflow: inventory.overflow };
+    }
+    return { ok: true, ...OPS[op](req) };
+  } catch (err) {
+    const known = answerForError(err);
+    if (known !== null && mutated) known.partial = true;
+    return known ?? { ok: false, code: 'INTERNAL_ERROR', message: MESSAGES.INTERNAL_ERROR };
+  } finally {
+    process.umask(umask);
+  }
 }
 
 async function main() {
-  process.umask(0o077);
   const [op, text, ...rest] = process.argv.slice(2);
-  if (!Object.hasOwn(OPS, op) || typeof text !== 'string' || rest.length > 0) throw new Refusal('INVALID_REQUEST');
+  if (!Object.hasOwn(OPS, op) || typeof text !== 'string' || rest.length > 0) {
+    return new Refusal('INVALID_REQUEST').answer;
+  }
   const take = stdinTaker();
   let req;
   try {
@@ -471,21 +494,21 @@ async function main() {
     // size limit; a single argv string is capped at 128 KiB by the kernel.
     req = JSON.parse(text === '-' ? await readFrame(take) : text);
   } catch (err) {
-    if (err instanceof Refusal) throw err;
-    throw new Refusal('INVALID_REQUEST');
+    return err instanceof Refusal ? err.answer : new Refusal('INVALID_REQUEST').answer;
   }
-  if (!hasExactKeys(req, REQUEST_KEYS[op])) throw new Refusal('INVALID_REQUEST');
-  if (op === 'write') return opWrite(req, take); // consumes stdin first; takes its inventory itself
-  const inventory = takeInventory();
-  if (op === 'inventory') return { entries: inventory.entries, bytes: inventory.bytes, overflow: inventory.overflow };
-  return OPS[op](req);
+  return fileOperation(op, req, take);
 }
 
-main().then(
-  (result) => answer({ ok: true, ...result }),
-  (err) => {
-    const known = answerForError(err);
-    if (known !== null && mutated) known.partial = true;
-    answer(known ?? { ok: false, code: 'INTERNAL_ERROR', message: MESSAGES.INTERNAL_ERROR }, known ? 0 : 1);
-  },
-);
+// Run as a program (not imported by the runner): answer once, exit 0 for every well-formed answer.
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  main().then(
+    (result) => {
+      const failed = result.ok === false && result.code === 'INTERNAL_ERROR';
+      process.stdout.write(`${JSON.stringify(result)}\n`, () => process.exit(failed ? 1 : 0));
+    },
+    () => {
+      const result = { ok: false, code: 'INTERNAL_ERROR', message: MESSAGES.INTERNAL_ERROR };
+      process.stdout.write(`${JSON.stringify(result)}\n`, () => process.exit(1));
+    },
+  );
+}

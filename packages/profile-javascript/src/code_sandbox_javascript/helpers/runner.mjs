@@ -1,7 +1,9 @@
 // Runner of the code-sandbox image: runs one user command in its own process group with byte caps on stdout
 // and stderr and a timeout, then kills every process the sandbox user has left behind.
-// Usage: node --disable-sigusr1 /opt/sandbox/runner.mjs <request-json | - | --kill-all | --watchdog-ready | --survey>
+// Usage: node --disable-sigusr1 /opt/sandbox/runner.mjs <request-json | - | --channel | --kill-all | --watchdog-ready |
+//        --survey | --supervise>
 // stdout carries exactly one JSON answer line; stderr carries one JSON progress line per second of the run.
+// --channel serves one request after another over a held stdin (runs and file operations), one answer line each.
 // Exit 0 for every well-formed answer (refusals included); a nonzero exit is a bug.
 //
 // User code runs under the runner's own uid, so the runner protects itself the way the kernel allows: node is
@@ -12,6 +14,7 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { FILE_OPERATIONS, fileOperation, stdinTaker } from './files.mjs';
 
 // Nothing is inherited: the host's environment must never reach user code.
 const CHILD_ENV = Object.freeze({ PATH: '/usr/local/bin', HOME: '/workspace', TMPDIR: '/tmp', LANG: 'C.UTF-8' });
@@ -70,6 +73,10 @@ function parseRequest(text) {
   } catch {
     return null;
   }
+  return validRequest(req);
+}
+
+function validRequest(req) {
   const keys = ['argv', 'timeout_ms', 'stdout_cap', 'stderr_cap'];
   const isObject = req !== null && typeof req === 'object' && !Array.isArray(req);
   // "stream" is optional: when true, kept output is also sent as it arrives (see capture()).
@@ -284,14 +291,16 @@ function sealed() {
 // or read): after a run, any such process outlived it. A status that cannot be read counts as alive; a process that
 // vanished between listing and reading means the process table changed under us, so we look again, and a table
 // that keeps changing (something still forks and exits) counts as alive too.
+// `spared` is the pid of the session's channel (a runner of the sandbox uid that lives on between runs), which the
+// host learned from the channel itself when it opened it; it is the one process not counted.
 const SURVEY_SCANS = 5;
-function survey() {
+function survey(spared) {
   const own = process.getuid();
   for (let scan = 0; scan < SURVEY_SCANS; scan += 1) {
     let alive = 0;
     let vanished = 0;
     for (const name of fs.readdirSync('/proc')) {
-      if (!/^[0-9]+$/.test(name) || Number(name) === process.pid) continue;
+      if (!/^[0-9]+$/.test(name) || Number(name) === process.pid || Number(name) === spared) continue;
       let status;
       try {
         status = fs.readFileSync(`/proc/${name}/status`, 'latin1');
@@ -309,12 +318,41 @@ function survey() {
   return 1;
 }
 
-// Waits for the first byte on stdin: true when one came, false when stdin ended (the survey is not wanted).
+// Waits for one line on stdin, which releases the survey: empty, or the pid to spare (the channel's). Returns
+// {spared} (null for none), or null when stdin ends first (the survey is not wanted) or the line is malformed.
 async function released() {
+  let text = '';
   for await (const chunk of process.stdin) {
-    if (chunk.length > 0) return true;
+    text += chunk.toString('latin1');
+    const end = text.indexOf('\n');
+    if (end === -1) {
+      if (text.length > 16) return null;
+      continue;
+    }
+    const line = text.slice(0, end);
+    if (line === '') return { spared: null };
+    return /^[1-9][0-9]{0,9}$/.test(line) ? { spared: Number(line) } : null;
   }
-  return false;
+  return null;
+}
+
+// The supervisor's channel (--supervise, run as the supervisor uid): a survey per line on a held stdin, each line as
+// for --survey, one answer line each, so a run's proof of cleanup costs no docker exec. Ends with stdin; a
+// malformed line is answered once and ends it.
+async function supervise() {
+  const send = (obj) => new Promise((done) => process.stdout.write(`${JSON.stringify(obj)}\n`, done));
+  let text = '';
+  for await (const chunk of process.stdin) {
+    text += chunk.toString('latin1');
+    for (let end = text.indexOf('\n'); end !== -1; end = text.indexOf('\n')) {
+      const line = text.slice(0, end);
+      text = text.slice(end + 1);
+      if (line !== '' && !/^[1-9][0-9]{0,9}$/.test(line)) return refusal('INVALID_REQUEST');
+      await send({ ok: true, alive: survey(line === '' ? null : Number(line)) });
+    }
+    if (text.length > 16) return refusal('INVALID_REQUEST');
+  }
+  return null;
 }
 
 // Whether the watchdog (another uid's process, under init) has installed its SIGUSR2 handler: a warm container
@@ -332,6 +370,57 @@ function watchdogReady() {
   return false;
 }
 
+// The channel: frames on a held stdin, each {"op": <a file operation or "run">, "request": {...}}, one answer line
+// on stdout each. A write's header and bytes follow its frame. It saves the host a docker exec and a node start per
+// call. End of stdin at a frame boundary ends it quietly; anything malformed is answered once and ends it.
+const ENVELOPE_OPS = new Set([...FILE_OPERATIONS, 'run']);
+
+async function channel() {
+  const take = stdinTaker();
+  const exact = async (n) => {
+    const buf = Buffer.alloc(n);
+    let got = 0;
+    const complete = await take(n, (chunk) => { got += chunk.copy(buf, got); });
+    return { buf, got, complete };
+  };
+  const send = (obj) => new Promise((done) => process.stdout.write(`${JSON.stringify(obj)}\n`, done));
+  // The first line names this process, so that the supervisor's survey can spare it (and only it) after a run.
+  await send({ ok: true, pid: process.pid });
+  for (;;) {
+    const head = await exact(4);
+    if (!head.complete) return head.got === 0 ? null : refusal('INVALID_REQUEST');
+    const length = head.buf.readUInt32BE(0);
+    if (length > MAX_REQUEST_BYTES) return refusal('INVALID_REQUEST');
+    const body = await exact(length);
+    if (!body.complete) return refusal('INVALID_REQUEST');
+    let envelope;
+    try {
+      envelope = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body.buf));
+    } catch {
+      return refusal('INVALID_REQUEST');
+    }
+    const isObject = envelope !== null && typeof envelope === 'object' && !Array.isArray(envelope);
+    const keys = isObject ? Object.keys(envelope) : [];
+    if (keys.length !== 2 || !keys.includes('op') || !keys.includes('request') || !ENVELOPE_OPS.has(envelope.op)) {
+      return refusal('INVALID_REQUEST');
+    }
+    let result;
+    if (envelope.op === 'run') {
+      const req = validRequest(envelope.request);
+      result = req === null ? refusal('INVALID_REQUEST') : await run(req);
+    } else {
+      result = await fileOperation(envelope.op, envelope.request, take);
+    }
+    if (result.ok === false && result.code === 'INTERNAL_ERROR') return result;
+    await send(result);
+    // A write refused before its payload was read leaves stdin off a frame boundary: file bytes must never be read
+    // as a request, so the channel ends (the host destroys the sandbox for such an answer anyway).
+    if (envelope.op === 'write' && result.ok === false && ['INVALID_REQUEST', 'TRANSFER_FAILED'].includes(result.code)) {
+      return null;
+    }
+  }
+}
+
 async function main() {
   const args = process.argv.slice(2);
   // As root, kill(-1) and the uid scan would reach every process in sight (on a host: the whole machine).
@@ -339,9 +428,12 @@ async function main() {
   if (!sealed()) return refusal('NOT_SEALED');
   // The survey is started beside a run and waits for one byte on stdin, sent when the run is over.
   if (args.length === 1 && args[0] === '--survey') {
-    return (await released()) ? { ok: true, alive: survey() } : refusal('INVALID_REQUEST');
+    const release = await released();
+    return release !== null ? { ok: true, alive: survey(release.spared) } : refusal('INVALID_REQUEST');
   }
   if (args.length === 1 && args[0] === '--watchdog-ready') return { ok: true, ready: watchdogReady() };
+  if (args.length === 1 && args[0] === '--channel') return channel();
+  if (args.length === 1 && args[0] === '--supervise') return supervise();
   if (args.length === 1 && args[0] === '--kill-all') {
     const { cleanup, killed } = await killLeftovers();
     return { ok: true, killed, cleanup };
@@ -354,6 +446,6 @@ async function main() {
   return req === null ? refusal('INVALID_REQUEST') : run(req);
 }
 
-main().then(answer, () => {
+main().then((result) => (result === null ? process.exit(0) : answer(result)), () => {
   process.stdout.write(`${JSON.stringify(refusal('INTERNAL_ERROR'))}\n`, () => process.exit(1));
 });
