@@ -171,7 +171,7 @@ async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]
         first = (await client.call_tool("create_sandbox", {})).structured_content or {}
         await client.call_tool("destroy_sandbox", {"session_id": first["session_id"]})
         for _ in range(iterations):
-            await anyio.sleep(0.3 if warm_pool else 0)  # let the pool refill, as between a model's turns
+            await anyio.sleep(1.0 if warm_pool else 0)  # let the pool refill, as between a model's turns
             created = await atimed(samples["create_sandbox"], client.call_tool("create_sandbox", {}))
             sid = created.structured_content["session_id"]
             await atimed(
@@ -190,6 +190,7 @@ async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]
                 raise RuntimeError("run_javascript did not print hello")
             await atimed(samples["read_file"], client.call_tool("read_file", {"session_id": sid, "path": "index.js"}))
             await atimed(samples["destroy_sandbox"], client.call_tool("destroy_sandbox", {"session_id": sid}))
+            await anyio.sleep(1.0 if warm_pool else 0)
             await atimed(
                 samples["execute_javascript"],
                 client.call_tool("execute_javascript", {"files": SMALL_FILE, "entrypoint": "index.js"}),

@@ -13,6 +13,7 @@ followed by any payload; the helper answers with exactly one JSON line on stdout
 from __future__ import annotations
 
 import abc
+import contextlib
 import itertools
 import json
 import struct
@@ -253,12 +254,14 @@ class ChannelTransport(DockerTransport):
         super().__init__(engine, profile)
         self._channels: dict[Target, tuple[HeldExec, int]] = {}
         self._supervisors: dict[str, HeldExec] = {}
+        self._gates: dict[tuple[str, str], threading.Lock] = {}
+        self._closed: set[str] = set()
+        """Containers closed (being removed): a channel that an opener finishes for one of them is closed at once."""
         self._lock = threading.Lock()
 
     def prepare(self, target: Target) -> None:
         try:
-            self._channel(target)
-            self._supervisor(target.container)
+            self._channel(target)  # and the supervisor's, on the side
         except SandboxError:
             raise
         except Exception:  # a hello out of protocol
@@ -266,6 +269,9 @@ class ChannelTransport(DockerTransport):
 
     def close(self, container: str) -> None:
         with self._lock:
+            self._closed.add(container)
+            self._gates.pop(("channel", container), None)
+            self._gates.pop(("supervisor", container), None)
             targets = [target for target in self._channels if target.container == container]
         for target in targets:
             self._drop(target)
@@ -291,14 +297,36 @@ class ChannelTransport(DockerTransport):
             raise HelperCrash() from None
 
     def _supervisor(self, container: str) -> HeldExec:
+        with self._gate(("supervisor", container)):
+            with self._lock:
+                held = self._supervisors.get(container)
+            if held is not None and not held.closed:
+                return held
+            argv = [*self.profile.helper_argv("runner"), "--supervise"]
+            opened = self.engine.open_exec(container, argv, user=SUPERVISOR_USER)
+            return self._keep(container, opened, lambda: self._supervisors.__setitem__(container, opened))
+
+    def _open_supervisor_soon(self, container: str) -> None:
+        """Open the supervisor's channel on a thread of its own, so that the first run's survey finds it open."""
+
+        def open_quietly() -> None:
+            with contextlib.suppress(Exception):  # the survey opens it itself if this failed
+                self._supervisor(container)
+
+        threading.Thread(target=open_quietly, name="code-sandbox supervisor", daemon=True).start()
+
+    def _gate(self, key: tuple[str, str]) -> threading.Lock:
+        """One opener at a time per channel, so that two callers never open two of them."""
         with self._lock:
-            held = self._supervisors.get(container)
-        if held is not None and not held.closed:
-            return held
-        argv = [*self.profile.helper_argv("runner"), "--supervise"]
-        opened = self.engine.open_exec(container, argv, user=SUPERVISOR_USER)
+            return self._gates.setdefault(key, threading.Lock())
+
+    def _keep(self, container: str, opened: HeldExec, store: Callable[[], None]) -> HeldExec:
+        """Record a channel just opened, unless its container was closed meanwhile (then close it too)."""
         with self._lock:
-            self._supervisors[container] = opened
+            if container in self._closed:
+                opened.close()
+                raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone")
+            store()
         return opened
 
     def _drop_supervisor(self, container: str) -> None:
@@ -331,20 +359,22 @@ class ChannelTransport(DockerTransport):
             self._drop(target)
 
     def _channel(self, target: Target) -> HeldExec:
-        with self._lock:
-            known = self._channels.get(target)
-        if known is not None and not known[0].closed:
-            return known[0]
-        argv = [*self.profile.helper_argv("runner"), "--channel"]
-        opened = self.engine.open_exec(target.container, argv, user=target.user)
-        try:
-            hello = opened.read_line(time.monotonic() + OPEN_SECONDS, max_stdout=4096, max_stderr=4096, on_stderr=None)
-            pid = parse_message(hello, ChannelHello).pid
-        except BaseException:
-            opened.close()
-            raise
-        with self._lock:
-            self._channels[target] = (opened, pid)
+        with self._gate(("channel", target.container)):
+            with self._lock:
+                known = self._channels.get(target)
+            if known is not None and not known[0].closed:
+                return known[0]
+            argv = [*self.profile.helper_argv("runner"), "--channel"]
+            opened = self.engine.open_exec(target.container, argv, user=target.user)
+            try:
+                deadline = time.monotonic() + OPEN_SECONDS
+                hello = opened.read_line(deadline, max_stdout=4096, max_stderr=4096, on_stderr=None)
+                pid = parse_message(hello, ChannelHello).pid
+            except BaseException:
+                opened.close()
+                raise
+            self._keep(target.container, opened, lambda: self._channels.__setitem__(target, (opened, pid)))
+        self._open_supervisor_soon(target.container)
         return opened
 
     def _survey_line(self, target: Target) -> bytes:
@@ -362,6 +392,8 @@ class ChannelTransport(DockerTransport):
         """Close every channel (the server is shutting down; the containers go with it)."""
         with self._lock:
             targets, containers = list(self._channels), list(self._supervisors)
+            self._closed.update(target.container for target in targets)
+            self._closed.update(containers)
         for target in targets:
             self._drop(target)
         for container in containers:
