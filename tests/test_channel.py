@@ -9,16 +9,21 @@ tests/security.
 from __future__ import annotations
 
 import base64
+import socket
+import struct
 import threading
+import time
 from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
+from code_sandbox.engine import DockerEngine, HeldExec
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_program
 from code_sandbox.limits import OUTPUT_CAP_BYTES
+from code_sandbox.profile import Profile
 from code_sandbox.protocol import Refusal, RunAnswer, RunRequest
-from code_sandbox.transport import HelperCrash
+from code_sandbox.transport import ChannelTransport, HelperCrash, StderrSink
 from code_sandbox.workspace import delete_files, digest_file, list_files, read_file, write_files
 
 from tests.support.memory_transport import MemorySandboxes, run_answer
@@ -256,3 +261,42 @@ async def test_a_cancelled_run_is_killed_and_verified_and_the_sandbox_kept(sandb
         group.cancel_scope.cancel()
     assert sandboxes.transport.calls == ["run", "kill_all", "survey"]
     assert sandboxes.destroyed == []
+
+
+# -- the held stream ------------------------------------------------------------------------------------------------
+
+
+class _AnswerReader(ChannelTransport):
+    """The channel transport's reading of one answer, on a stream the test writes (a real socket pair)."""
+
+    def answer(self, held: HeldExec, on_stderr: StderrSink) -> bytes:
+        return self._read_answer("run", held, time.monotonic() + 5, 1 << 20, 1 << 20, on_stderr)
+
+
+def _frame(stream: int, payload: bytes) -> bytes:
+    return struct.pack(">BxxxL", stream, len(payload)) + payload
+
+
+def test_an_answer_waits_for_stderr_that_dockerd_delivers_after_it(profile: Profile) -> None:
+    # dockerd copies stdout and stderr separately: the last output piece of a run can arrive after its answer. It
+    # belongs to that run, not to the next call on the channel.
+    host, helper = socket.socketpair()
+    with host, helper:
+        helper.sendall(
+            _frame(1, b'{"ok":true}\n') + _frame(2, b"late piece\n") + _frame(2, b'{"end":true}\n')
+            + _frame(2, b"the next call's\n")
+        )  # fmt: skip
+        seen: list[bytes] = []
+        line = _AnswerReader(DockerEngine(), profile).answer(HeldExec(host, host), seen.append)
+        assert (line, seen) == (b'{"ok":true}', [b"late piece\n"])
+        assert host.recv(1 << 16) == _frame(2, b"the next call's\n")  # left for the next call
+
+
+def test_stdout_after_the_answer_or_stderr_after_the_end_marker_is_out_of_protocol(profile: Profile) -> None:
+    for tail in (_frame(1, b"more\n"), _frame(2, b'{"end":true}\nmore\n')):
+        host, helper = socket.socketpair()
+        with host, helper:
+            helper.sendall(_frame(1, b'{"ok":true}\n') + tail + _frame(2, b'{"end":true}\n'))
+            with pytest.raises(SandboxError) as caught:
+                _AnswerReader(DockerEngine(), profile).answer(HeldExec(host, host), lambda _line: None)
+            assert caught.value.code == ErrorCode.TRANSFER_FAILED

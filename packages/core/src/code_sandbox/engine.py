@@ -586,9 +586,17 @@ class HeldExec:
         _send_all(self._raw, chunks, deadline)
 
     def read_line(
-        self, deadline: float, *, max_stdout: int, max_stderr: int, on_stderr: Callable[[bytes], None] | None
+        self,
+        deadline: float,
+        *,
+        max_stdout: int,
+        max_stderr: int,
+        on_stderr: Callable[[bytes], None] | None,
+        until: Callable[[], bool] | None = None,
     ) -> bytes:
-        """The next line on stdout, without its newline; stderr on the way goes to ``on_stderr``.
+        """The next line on stdout, without its newline; stderr on the way goes to ``on_stderr``. With ``until``,
+        reading goes on after the line until ``until()`` is true (stderr can arrive after stdout: dockerd copies
+        the two streams separately), and stdout must stay silent meanwhile.
 
         :raises SandboxError: ``TIMEOUT``; ``TRANSFER_FAILED`` when the stream ends, output passes a limit, or stdout
             carries anything after the line (one request, one line: more is out of protocol).
@@ -610,7 +618,10 @@ class HeldExec:
                     continue
                 if end != len(out) - 1:
                     raise SandboxError(ErrorCode.TRANSFER_FAILED, "the sandbox helper answered out of protocol")
-                return bytes(out[:end])
+                if until is None or until():
+                    return bytes(out[:end])
+                max_stdout = len(out)  # nothing more may come on stdout before the rest of stderr
+                continue
             if stream == _STDERR and err_bytes + length <= max_stderr:
                 payload = _recv_exact(self._raw, length, deadline) if length else b""
                 if payload is None:
@@ -618,6 +629,8 @@ class HeldExec:
                 err_bytes += length
                 if on_stderr is not None:
                     on_stderr(payload)
+                if until is not None and out.endswith(b"\n") and until():
+                    return bytes(out[:-1])
                 continue
             raise SandboxError(ErrorCode.TRANSFER_FAILED, "the sandbox helper answered out of protocol")
 

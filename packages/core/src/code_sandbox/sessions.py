@@ -325,20 +325,22 @@ class SessionManager:
             self._warming.add(container_id)
         try:
             ready = await self._watchdog_ready(container_id, uid)
+            if ready and not self._closing:
+                # The channels open now, so that the session that claims this container does not wait for them.
+                # Still "warming" meanwhile: a shutdown now must find it and remove it.
+                try:
+                    await self._run(self.transport.prepare, Target(container_id, user_of(uid)))
+                except SandboxError:
+                    ready = False
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._discard(container_id)
             raise
         finally:
             self._warming.discard(container_id)
-        if ready and not self._closing:
-            # The channel opens now, so that the session that claims this container does not wait for it.
-            try:
-                await self._run(self.transport.prepare, Target(container_id, user_of(uid)))
-            except SandboxError:
-                ready = False
         if not ready or self._closing:
-            await self._discard(container_id)
+            with anyio.CancelScope(shield=True):
+                await self._discard(container_id)
             if not ready:
                 raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "a warm container did not get ready")
             return

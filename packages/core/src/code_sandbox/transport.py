@@ -435,9 +435,40 @@ class ChannelTransport(DockerTransport):
         max_stderr: int,
         on_stderr: StderrSink | None,
     ) -> bytes:
-        """The answer line of one request; fault tests override it to corrupt what a real helper said."""
+        """The answer line of one request, once its stderr has ended too (the ``{"end":true}`` line the helper writes
+        after all of it); fault tests override it to corrupt what a real helper said."""
         del operation
-        return held.read_line(deadline, max_stdout=max_stdout, max_stderr=max_stderr, on_stderr=on_stderr)
+        lines = _StderrLines(on_stderr)
+        return held.read_line(
+            deadline, max_stdout=max_stdout, max_stderr=max_stderr, on_stderr=lines.feed, until=lines.ended
+        )
+
+
+class _StderrLines:
+    """A request's stderr, split into lines: each goes on to ``sink`` except the end marker, which is remembered.
+    Anything after the marker is out of protocol."""
+
+    END = b'{"end":true}'
+
+    def __init__(self, sink: StderrSink | None) -> None:
+        self._sink = sink
+        self._partial = b""
+        self._ended = False
+
+    def feed(self, chunk: bytes) -> None:
+        *complete, self._partial = (self._partial + chunk).split(b"\n")
+        for line in complete:
+            if self._ended:
+                raise SandboxError(ErrorCode.TRANSFER_FAILED, "the sandbox helper wrote past its end marker")
+            if line == self.END:
+                self._ended = True
+            elif self._sink is not None:
+                self._sink(line + b"\n")
+        if self._ended and self._partial:
+            raise SandboxError(ErrorCode.TRANSFER_FAILED, "the sandbox helper wrote past its end marker")
+
+    def ended(self) -> bool:
+        return self._ended
 
 
 def _envelope(operation: str, request: Message) -> bytes:

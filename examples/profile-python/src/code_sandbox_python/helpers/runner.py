@@ -588,6 +588,9 @@ def load_file_helper():
 
 
 CHANNEL_OPS = ("write", "list", "read", "delete", "digest", "inventory", "run")
+# Written on stderr after every stderr line of a request and before its answer: stderr and stdout reach the host by
+# separate copies and may arrive out of order, so this tells it that nothing of the request is still on its way.
+STDERR_END = b'{"end":true}\n'
 
 
 def send(obj):
@@ -636,17 +639,21 @@ def channel():
         if op == "run":
             req = check_request(request)
             if req is None:
+                write_all(2, STDERR_END)
                 send(refusal("INVALID_REQUEST"))
                 continue
             if wakeup is None:
                 wakeup = Wakeup()  # before the first child, so its exit cannot be missed
-            send(run(req, wakeup))  # an exception here is answered INTERNAL_ERROR below main
+            result = run(req, wakeup)  # an exception here is answered INTERNAL_ERROR below main
+            write_all(2, STDERR_END)
+            send(result)
             continue
         result = files.file_operation(op, request, take)
         if result.get("code") == "INTERNAL_ERROR":
             answer(result, 1)
         if files.payload_pending:
             answer(result)
+        write_all(2, STDERR_END)
         send(result)
 
 

@@ -374,6 +374,7 @@ function watchdogReady() {
 // on stdout each. A write's header and bytes follow its frame. It saves the host a docker exec and a node start per
 // call. End of stdin at a frame boundary ends it quietly; anything malformed is answered once and ends it.
 const ENVELOPE_OPS = new Set([...FILE_OPERATIONS, 'run']);
+const STDERR_END = '{"end":true}';
 
 async function channel() {
   const take = stdinTaker();
@@ -412,6 +413,9 @@ async function channel() {
       result = await fileOperation(envelope.op, envelope.request, take);
     }
     if (result.ok === false && result.code === 'INTERNAL_ERROR') return result;
+    // stderr and stdout reach the host by separate copies and may arrive out of order: this line, after every
+    // stderr line of the request, tells the host that none of them is still on its way.
+    await new Promise((done) => process.stderr.write(`${STDERR_END}\n`, done));
     await send(result);
     // A write refused before its payload was read leaves stdin off a frame boundary: file bytes must never be read
     // as a request, so the channel ends (the host destroys the sandbox for such an answer anyway).
