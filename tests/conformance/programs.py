@@ -14,6 +14,7 @@ class Programs:
     :param flood: writes 2 MiB of ``x`` to stdout.
     :param forever: prints ``ready``, then sleeps for a minute (a run the suite stops).
     :param detach: starts a child in a new session that sleeps for a minute, and exits 0 at once.
+    :param renice: lowers the priority of its parent (the runner that started it) to nice 19.
     :param lock: makes ``locked/b.txt`` and then takes write permission off ``locked`` (mode 0500).
     :param probe: prints one JSON object: ``interfaces`` (network interface names), ``connect`` (whether a TCP
         connection to 192.0.2.1:80 succeeded), ``root_write`` (whether writing ``/etc/probe`` succeeded),
@@ -27,6 +28,7 @@ class Programs:
     flood: str
     forever: str
     detach: str
+    renice: str
     lock: str
     probe: str
 
@@ -45,6 +47,7 @@ fs.writeFileSync('out/result.txt', 'made by the program');
 const { spawn } = require('child_process');
 spawn(process.execPath, ['-e', 'setTimeout(() => {}, 60000)'], { detached: true, stdio: 'ignore' }).unref();
 """,
+    renice="require('os').setPriority(process.ppid, 19);",
     lock="""
 const fs = require('fs');
 fs.mkdirSync('locked');
@@ -83,6 +86,7 @@ import subprocess, sys
 subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True,
                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 """,
+    renice="import os\nos.setpriority(os.PRIO_PROCESS, os.getppid(), 19)\n",
     lock="""
 import os
 os.mkdir('locked')

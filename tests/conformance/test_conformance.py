@@ -142,6 +142,20 @@ async def test_a_delete_stopped_midway_by_permissions_the_program_set_destroys_t
     assert len(sandboxes) == 0
 
 
+async def test_a_program_that_changes_its_runners_priority_gets_the_sandbox_destroyed_at_the_next_call(
+    sandboxes: SessionManager, programs: Programs
+) -> None:
+    # Same uid: the kernel lets a program renice (or prlimit) the runner that lives on between runs, and every later
+    # program would inherit it. The runner notices before its next request and ends; the sandbox goes.
+    session = await sandboxes.create()
+    result = await run(sandboxes, session.id, programs, programs.renice)
+    assert result.exit_code == 0, result.stderr
+    with pytest.raises(SandboxError) as caught:
+        await list_files(sandboxes, session.id, "", recursive=False, max_depth=1)
+    assert "destroyed" in caught.value.message
+    assert len(sandboxes) == 0
+
+
 async def test_destroy_removes_the_container_and_the_session(sandboxes: SessionManager) -> None:
     session = await sandboxes.create()
     assert await sandboxes.destroy(session.id) is True

@@ -593,6 +593,22 @@ CHANNEL_OPS = ("write", "list", "read", "delete", "digest", "inventory", "run")
 STDERR_END = b'{"end":true}\n'
 
 
+# What a program could change about us from outside: resource limits, scheduling (priority, nice, real-time
+# priority, policy) and allowed CPUs. None when it cannot be read.
+def own_state():
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read().decode("latin-1")
+        fields = stat[stat.rindex(")") + 2 :].split(" ")
+        with open("/proc/self/status", "rb") as f:
+            cpus = re.search(r"^Cpus_allowed_list:\s*(\S+)", f.read().decode("latin-1"), re.M)
+        with open("/proc/self/limits", "rb") as f:
+            limits = f.read().decode("latin-1")
+        return "|".join([limits, fields[15], fields[16], fields[37], fields[38], cpus.group(1) if cpus else ""])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def send(obj):
     write_all(1, (dumps(obj) + "\n").encode())
 
@@ -614,7 +630,13 @@ def channel():
     wakeup = None  # one SIGCHLD pipe for every run: set_wakeup_fd keeps only one
     # The first line names this process, so that the supervisor's survey can spare it (and only it) after a run.
     send({"ok": True, "pid": os.getpid()})
+    initial = own_state()
     while True:
+        # A program may lower our limits, priority or CPUs (prlimit, setpriority: the kernel checks only the uid),
+        # and every later program would inherit them: a channel whose state changed ends, and the host destroys the
+        # sandbox.
+        if initial is None or own_state() != initial:
+            answer(refusal("INTERNAL_ERROR"), 1)
         head = []
         if not take(4, head.append):
             if not head:

@@ -374,6 +374,19 @@ function watchdogReady() {
 // on stdout each. A write's header and bytes follow its frame. It saves the host a docker exec and a node start per
 // call. End of stdin at a frame boundary ends it quietly; anything malformed is answered once and ends it.
 const ENVELOPE_OPS = new Set([...FILE_OPERATIONS, 'run']);
+
+// What a program could change about us from outside: resource limits, scheduling (priority, nice, real-time
+// priority, policy) and allowed CPUs. null when it cannot be read.
+function ownState() {
+  try {
+    const stat = fs.readFileSync('/proc/self/stat', 'latin1');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    const cpus = /^Cpus_allowed_list:\s*(\S+)/m.exec(fs.readFileSync('/proc/self/status', 'latin1'))?.[1];
+    return [fs.readFileSync('/proc/self/limits', 'latin1'), fields[15], fields[16], fields[37], fields[38], cpus].join('|');
+  } catch {
+    return null;
+  }
+}
 const STDERR_END = '{"end":true}';
 
 async function channel() {
@@ -387,7 +400,11 @@ async function channel() {
   const send = (obj) => new Promise((done) => process.stdout.write(`${JSON.stringify(obj)}\n`, done));
   // The first line names this process, so that the supervisor's survey can spare it (and only it) after a run.
   await send({ ok: true, pid: process.pid });
+  const initial = ownState();
   for (;;) {
+    // A program may lower our limits, priority or CPUs (prlimit, setpriority: the kernel checks only the uid), and
+    // every later program would inherit them: a channel whose state changed ends, and the host destroys the sandbox.
+    if (initial === null || ownState() !== initial) return refusal('INTERNAL_ERROR');
     const head = await exact(4);
     if (!head.complete) return head.got === 0 ? null : refusal('INVALID_REQUEST');
     const length = head.buf.readUInt32BE(0);
