@@ -632,11 +632,6 @@ def channel():
     send({"ok": True, "pid": os.getpid()})
     initial = own_state()
     while True:
-        # A program may lower our limits, priority or CPUs (prlimit, setpriority: the kernel checks only the uid),
-        # and every later program would inherit them: a channel whose state changed ends, and the host destroys the
-        # sandbox.
-        if initial is None or own_state() != initial:
-            answer(refusal("INTERNAL_ERROR"), 1)
         head = []
         if not take(4, head.append):
             if not head:
@@ -657,6 +652,11 @@ def channel():
             or envelope.get("op") not in CHANNEL_OPS
         ):
             answer(refusal("INVALID_REQUEST"))
+        # A program may lower our limits, priority or CPUs (prlimit, setpriority: the kernel checks only the uid),
+        # and every later program would inherit them: a channel whose state changed answers this request (never out
+        # of turn) with a failure and ends, and the host destroys the sandbox.
+        if initial is None or own_state() != initial:
+            answer(refusal("INTERNAL_ERROR"), 1)
         op, request = envelope["op"], envelope["request"]
         if op == "run":
             req = check_request(request)

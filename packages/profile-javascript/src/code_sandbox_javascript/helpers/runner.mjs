@@ -402,9 +402,6 @@ async function channel() {
   await send({ ok: true, pid: process.pid });
   const initial = ownState();
   for (;;) {
-    // A program may lower our limits, priority or CPUs (prlimit, setpriority: the kernel checks only the uid), and
-    // every later program would inherit them: a channel whose state changed ends, and the host destroys the sandbox.
-    if (initial === null || ownState() !== initial) return refusal('INTERNAL_ERROR');
     const head = await exact(4);
     if (!head.complete) return head.got === 0 ? null : refusal('INVALID_REQUEST');
     const length = head.buf.readUInt32BE(0);
@@ -422,6 +419,10 @@ async function channel() {
     if (keys.length !== 2 || !keys.includes('op') || !keys.includes('request') || !ENVELOPE_OPS.has(envelope.op)) {
       return refusal('INVALID_REQUEST');
     }
+    // A program may lower our limits, priority or CPUs (prlimit, setpriority: the kernel checks only the uid), and
+    // every later program would inherit them: a channel whose state changed answers this request (never out of
+    // turn) with a failure and ends, and the host destroys the sandbox.
+    if (initial === null || ownState() !== initial) return refusal('INTERNAL_ERROR');
     let result;
     if (envelope.op === 'run') {
       const req = validRequest(envelope.request);
