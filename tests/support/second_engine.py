@@ -79,7 +79,14 @@ class SecondEngine:
         assert self._process is None, "the second engine is already running"
         with self._log.open("ab") as log:
             # A session of its own: a Ctrl-C of the test run reaches pytest, whose teardown stops the daemon.
-            self._process = subprocess.Popen(self.argv(), stdout=log, stderr=log, start_new_session=True)
+            # Its own TMPDIR under its root, which close() removes: a containerd slow to stop (a loaded machine)
+            # dumps its stacks there, not among the run's files.
+            scratch = self.root / "tmp"
+            scratch.mkdir(exist_ok=True)
+            environment = {**os.environ, "TMPDIR": str(scratch)}
+            self._process = subprocess.Popen(
+                self.argv(), stdout=log, stderr=log, start_new_session=True, env=environment
+            )
         deadline = time.monotonic() + START_SECONDS
         # Probe the socket by hand until it listens: docker-py leaks the socket of every failed connect.
         while not _socket_answers(self.socket):
