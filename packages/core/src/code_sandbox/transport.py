@@ -19,7 +19,7 @@ import json
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from code_sandbox.engine import DockerEngine, ExecResult, HeldExec
@@ -125,6 +125,23 @@ class Transport(abc.ABC):
         """Forget every container (the server is shutting down)."""
 
 
+@contextlib.contextmanager
+def untrusted(on_failure: Callable[[], None] = lambda: None) -> Generator[None]:
+    """The one place where anything that goes wrong while talking to a helper (a nonzero exit, a broken stream, a
+    line no model accepts, any exception at all) becomes :class:`HelperCrash`; ``TIMEOUT`` and
+    ``CONTAINER_UNAVAILABLE`` pass through. ``on_failure`` runs first (a channel drops itself)."""
+    try:
+        yield
+    except SandboxError as error:
+        on_failure()
+        if error.code in (ErrorCode.TIMEOUT, ErrorCode.CONTAINER_UNAVAILABLE):
+            raise
+        raise HelperCrash() from None
+    except Exception:
+        on_failure()
+        raise HelperCrash() from None
+
+
 def request_frame(request: Message) -> bytes:
     """A request as one stdin frame: a 4-byte big-endian length, then UTF-8 JSON.
 
@@ -203,7 +220,7 @@ class DockerTransport(Transport):
         if request is not None:
             argv.append("-")
             stdin = itertools.chain([request_frame(request)], payload or ())
-        try:
+        with untrusted():
             result = self._exec(
                 target, argv, stdin=stdin, timeout=timeout, max_stdout=max_answer, max_stderr=max_stderr,
                 on_stderr=on_stderr,
@@ -212,12 +229,6 @@ class DockerTransport(Transport):
             if result.exit_code != 0 or len(lines) != 2 or lines[1] != b"":
                 raise HelperCrash()
             return parse_answer(lines[0], answer)
-        except SandboxError as error:
-            if error.code in (ErrorCode.TIMEOUT, ErrorCode.CONTAINER_UNAVAILABLE):
-                raise
-            raise HelperCrash() from None
-        except Exception:  # anything at all while reading or parsing: the helper cannot be trusted
-            raise HelperCrash() from None
 
     def _exec(
         self,
@@ -260,12 +271,8 @@ class ChannelTransport(DockerTransport):
         self._lock = threading.Lock()
 
     def prepare(self, target: Target) -> None:
-        try:
+        with untrusted():
             self._channel(target)  # and the supervisor's, on the side
-        except SandboxError:
-            raise
-        except Exception:  # a hello out of protocol
-            raise HelperCrash() from None
 
     def close(self, container: str) -> None:
         with self._lock:
@@ -278,7 +285,7 @@ class ChannelTransport(DockerTransport):
         self._drop_supervisor(container)
 
     def survey(self, target: Target, release: Callable[[], bool], *, timeout: float) -> SurveyAnswer | Refusal:
-        try:
+        with untrusted(lambda: self._drop_supervisor(target.container)):
             # Opened (if need be) while the run is still going: the survey is started beside it for this.
             held = self._supervisor(target.container)
             if not release():
@@ -287,14 +294,6 @@ class ChannelTransport(DockerTransport):
             held.send([self._survey_line(target)], deadline)
             line = held.read_line(deadline, max_stdout=4096, max_stderr=4096, on_stderr=None)
             return parse_answer(line, SurveyAnswer)
-        except SandboxError as error:
-            self._drop_supervisor(target.container)
-            if error.code in (ErrorCode.TIMEOUT, ErrorCode.CONTAINER_UNAVAILABLE):
-                raise
-            raise HelperCrash() from None
-        except Exception:
-            self._drop_supervisor(target.container)
-            raise HelperCrash() from None
 
     def _supervisor(self, container: str) -> HeldExec:
         with self._gate(("supervisor", container)):
@@ -412,19 +411,11 @@ class ChannelTransport(DockerTransport):
         on_stderr: StderrSink | None = None,
     ) -> M | Refusal:
         deadline = time.monotonic() + timeout
-        try:
+        with untrusted(lambda: self._drop(target)):
             held = self._channel(target)
             held.send(chunks, deadline)
             line = self._read_answer(operation, held, deadline, max_answer, max_stderr, on_stderr)
             return parse_answer(line, answer)
-        except SandboxError as error:
-            self._drop(target)
-            if error.code in (ErrorCode.TIMEOUT, ErrorCode.CONTAINER_UNAVAILABLE):
-                raise
-            raise HelperCrash() from None
-        except Exception:  # anything at all while reading or parsing: the channel cannot be trusted
-            self._drop(target)
-            raise HelperCrash() from None
 
     def _read_answer(
         self,
