@@ -42,6 +42,7 @@ from mcp.types import CallToolResult, TextContent, Tool
 from tests.conftest import WORKER_TAG
 from tests.support import inspector
 from tests.support.clock import FakeClock
+from tests.support.edited_transport import EditedTransport, install
 from tests.support.run import command_env, worker_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("image_id", "cleanup_managed")]
@@ -74,13 +75,18 @@ def connect(
     the SDK's other in-process mode would call the handlers without JSON-RPC. ``clock`` replaces the session
     manager's monotonic clock.
     """
-    environ = {f"CODE_SANDBOX_{name.upper()}": value for name, value in settings_of(tmp_path, **settings).items()}
-    loaded = load_settings(environ)
-    profile = select_profile(create_plugin_manager(), loaded.profile)
-    server = SandboxServer(loaded, profile, engine=engine, state_dir=tmp_path / "xdg-state" / "code-sandbox")
+    server = make_server(engine, tmp_path, **settings)
     if clock is not None:
         server.manager.clock = clock
     return Client(server, mode="legacy")
+
+
+def make_server(engine: DockerEngine, tmp_path: Path, **settings: str) -> SandboxServer:
+    """An in-process server on the test's engine, with its liveness marker and audit log under ``tmp_path``."""
+    environ = {f"CODE_SANDBOX_{name.upper()}": value for name, value in settings_of(tmp_path, **settings).items()}
+    loaded = load_settings(environ)
+    profile = select_profile(create_plugin_manager(), loaded.profile)
+    return SandboxServer(loaded, profile, engine=engine, state_dir=tmp_path / "xdg-state" / "code-sandbox")
 
 
 async def none_of_mine(engine: DockerEngine, within: float = 20) -> None:
@@ -234,6 +240,25 @@ async def test_execute_javascript_runs_once_and_leaves_no_sandbox(tmp_path: Path
         failing = {"files": [{"path": "a.js", "content": "throw new Error('x')"}], "entrypoint": "a.js"}
         assert ok(await client.call_tool("execute_javascript", failing))["exit_code"] == 1
         await none_of_mine(engine)  # removed after the reply
+
+
+async def test_execute_checks_everything_first_then_sends_files_and_run_as_one_request(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    server = make_server(engine, tmp_path)
+    recorder = EditedTransport(server.engine, server.profile, "execute", lambda line, _sink: line)
+    install(server.manager, recorder)
+    async with Client(server, mode="legacy") as client:
+        files = [{"path": "a.mjs", "content": "console.log(6 * 7)"}, {"path": "lib/b.txt", "content": "b"}]
+        arguments = {"files": files, "entrypoint": "a.mjs"}
+        assert ok(await client.call_tool("execute_javascript", arguments))["stdout"] == "42\n"
+        assert recorder.operations == ["execute"]
+        bad_path = {"files": [{"path": "../a.mjs", "content": "x"}], "entrypoint": "a.mjs"}
+        assert error_code(await client.call_tool("execute_javascript", bad_path)) == "PATH_TRAVERSAL"
+        bad_entry = {"files": [{"path": "a.mjs", "content": "x"}], "entrypoint": "a.py"}
+        assert error_code(await client.call_tool("execute_javascript", bad_entry)) == "INVALID_PATH"
+        assert recorder.operations == ["execute"]  # refused before any sandbox was taken
+        await none_of_mine(engine)
 
 
 class HeldRemoval(DockerEngine):

@@ -11,10 +11,10 @@ import json
 import anyio
 import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.sessions import SessionManager
-from code_sandbox.workspace import delete_files, list_files, read_file, write_files
+from code_sandbox.workspace import PreparedWrite, delete_files, list_files, prepare_write, read_file, write_files
 
 from tests.conformance.programs import Programs
 from tests.support.output import on_first_output
@@ -163,3 +163,31 @@ async def test_destroy_removes_the_container_and_the_session(sandboxes: SessionM
     with pytest.raises(SandboxError) as caught:
         await list_files(sandboxes, session.id, "", recursive=False, max_depth=1)
     assert caught.value.code == ErrorCode.INVALID_SESSION
+
+
+async def test_a_one_shot_writes_its_files_and_runs_in_one_request(
+    sandboxes: SessionManager, programs: Programs
+) -> None:
+    session = await sandboxes.create()
+    name = f"program{programs.suffix}"
+    files = prepare_write([(name, programs.make_file), ("data/in.txt", "input")], overwrite=False)
+    program = prepare_program(sandboxes, name, [], timeout_seconds=10)
+    result = await run_prepared(sandboxes, session.id, program, files=files)
+    assert result.exit_code == 0, result.stderr
+    assert (await read_file(sandboxes, session.id, "out/result.txt", max_bytes=100)).content == "made by the program"
+    assert (await read_file(sandboxes, session.id, "data/in.txt", max_bytes=100)).content == "input"
+
+
+async def test_a_one_shot_whose_write_is_refused_runs_nothing(sandboxes: SessionManager, programs: Programs) -> None:
+    session = await sandboxes.create()
+    name = f"program{programs.suffix}"
+    checked = prepare_write([(name, programs.make_file)], overwrite=False)
+    # A path no honest host sends (the host's own check would refuse it first): the helper refuses the write.
+    files = PreparedWrite(checked.request, [*checked.files, ("../escape.txt", b"out")])
+    program = prepare_program(sandboxes, name, [], timeout_seconds=10)
+    with pytest.raises(SandboxError) as caught:
+        await run_prepared(sandboxes, session.id, program, files=files)
+    assert caught.value.code in (ErrorCode.PATH_TRAVERSAL, ErrorCode.INVALID_PATH)
+    with pytest.raises(SandboxError) as missing:
+        await read_file(sandboxes, session.id, "out/result.txt", max_bytes=100)  # on a channel opened anew
+    assert missing.value.code == ErrorCode.NOT_FOUND

@@ -21,12 +21,14 @@ ExecEdit = Callable[[list[str], ExecResult, StderrSink | None], ExecResult]
 
 
 class EditedTransport(ChannelTransport):
-    """The channel transport; the answer to every request of ``operation`` (``"run"``, ``"list"``...) is edited."""
+    """The channel transport; the answer to every request of ``operation`` (``"run"``, ``"list"``...) is edited.
+    ``operations`` records the operation of every request sent."""
 
     def __init__(self, engine: DockerEngine, profile: Profile, operation: str, edit: LineEdit) -> None:
         super().__init__(engine, profile)
         self._operation = operation
         self._edit = edit
+        self.operations: list[str] = []
 
     def _read_answer(
         self,
@@ -37,6 +39,7 @@ class EditedTransport(ChannelTransport):
         max_stderr: int,
         on_stderr: StderrSink | None,
     ) -> bytes:
+        self.operations.append(operation)
         line = super()._read_answer(operation, held, deadline, max_stdout, max_stderr, on_stderr)
         return self._edit(line, on_stderr) if operation == self._operation else line
 

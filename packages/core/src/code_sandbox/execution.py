@@ -31,9 +31,19 @@ from code_sandbox.channel import Channel
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import MAX_ARGUMENT_BYTES, MAX_ARGUMENTS, OUTPUT_CAP_BYTES
 from code_sandbox.paths import validate_entrypoint
-from code_sandbox.protocol import KillAllAnswer, ProtocolViolation, Refusal, RunAnswer, RunRequest, SurveyAnswer
+from code_sandbox.protocol import (
+    ExecuteAnswer,
+    ExecuteRequest,
+    KillAllAnswer,
+    ProtocolViolation,
+    Refusal,
+    RunAnswer,
+    RunRequest,
+    SurveyAnswer,
+)
 from code_sandbox.relay import OutputSink, Progress, supervise
 from code_sandbox.sessions import SessionManager
+from code_sandbox.workspace import HELPER_TIMEOUT_SECONDS, PreparedWrite, check_file_reply, is_file_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +87,26 @@ def validate_arguments(arguments: Sequence[str]) -> list[str]:
     return list(arguments)
 
 
+@dataclass(frozen=True)
+class Program:
+    """A checked run: the argv the profile built for the entrypoint, and the timeout."""
+
+    argv: list[str]
+    timeout_seconds: int
+
+
+def prepare_program(
+    manager: SessionManager, entrypoint: str, arguments: Sequence[str], *, timeout_seconds: int | None
+) -> Program:
+    """Check a run's entrypoint, arguments and timeout before any sandbox is touched."""
+    settings = manager.settings
+    timeout = settings.default_timeout if timeout_seconds is None else timeout_seconds
+    if not 1 <= timeout <= settings.max_timeout:
+        raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")
+    path = validate_entrypoint(entrypoint, manager.profile.info.entrypoint_suffixes)
+    return Program(manager.profile.build_run_argv(path, validate_arguments(arguments)), timeout)
+
+
 async def run_entrypoint(
     manager: SessionManager,
     session_id: str,
@@ -88,14 +118,25 @@ async def run_entrypoint(
     output: OutputSink | None = None,
 ) -> RunResult:
     """Run ``entrypoint`` with ``arguments`` in the sandbox and return how it ended."""
-    settings = manager.settings
-    timeout = settings.default_timeout if timeout_seconds is None else timeout_seconds
-    if not 1 <= timeout <= settings.max_timeout:
-        raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")
-    path = validate_entrypoint(entrypoint, manager.profile.info.entrypoint_suffixes)
-    argv = manager.profile.build_run_argv(path, validate_arguments(arguments))
+    program = prepare_program(manager, entrypoint, arguments, timeout_seconds=timeout_seconds)
+    return await run_prepared(manager, session_id, program, progress=progress, output=output)
+
+
+async def run_prepared(
+    manager: SessionManager,
+    session_id: str,
+    program: Program,
+    *,
+    files: PreparedWrite | None = None,
+    progress: Progress | None = None,
+    output: OutputSink | None = None,
+) -> RunResult:
+    """Run a checked program in the sandbox; with ``files``, write them first in the same request (a one-shot)."""
     async with manager.channel(session_id) as channel:
-        return await run_program(channel, argv, timeout_seconds=timeout, progress=progress, output=output)
+        return await run_program(
+            channel, program.argv, timeout_seconds=program.timeout_seconds, files=files, progress=progress,
+            output=output,
+        )  # fmt: skip
 
 
 async def run_program(
@@ -103,10 +144,15 @@ async def run_program(
     argv: list[str],
     *,
     timeout_seconds: int,
+    files: PreparedWrite | None = None,
     progress: Progress | None = None,
     output: OutputSink | None = None,
 ) -> RunResult:
-    """Run ``argv`` in a leased sandbox, then prove that nothing it started outlived it."""
+    """Run ``argv`` in a leased sandbox, then prove that nothing it started outlived it.
+
+    With ``files`` the write and the run go as one request (:meth:`Transport.execute`): the program starts only
+    once every file is written.
+    """
     # Never run past the sandbox's own lifetime: its watchdog would kill the run mid-way.
     remaining = int(channel.seconds_left)
     if remaining < 1:
@@ -120,18 +166,23 @@ async def run_program(
         stream=output is not None,
     )
     finished = threading.Event()
+    host_timeout = timeout + HOST_GRACE_SECONDS + (HELPER_TIMEOUT_SECONDS if files is not None else 0)
 
-    def call(on_stderr: Callable[[bytes], None] | None) -> RunAnswer | Refusal:
+    def call(on_stderr: Callable[[bytes], None] | None) -> RunAnswer | ExecuteAnswer | Refusal:
+        transport, target = channel.transport, channel.target
         try:
-            return channel.transport.run(
-                channel.target, request, timeout=timeout + HOST_GRACE_SECONDS, on_stderr=on_stderr
+            if files is None:
+                return transport.run(target, request, timeout=host_timeout, on_stderr=on_stderr)
+            one_shot = ExecuteRequest(write=files.request, run=request)
+            return transport.execute(
+                target, one_shot, payload=files.payload(), timeout=host_timeout, on_stderr=on_stderr
             )
         finally:
             finished.set()
 
-    survey = Survey(channel, timeout=timeout + HOST_GRACE_SECONDS + SURVEY_TIMEOUT_SECONDS)
+    survey = Survey(channel, timeout=host_timeout + SURVEY_TIMEOUT_SECONDS)
     try:
-        return await _run_and_verify(channel, request, call, survey, progress, output, finished)
+        return await _run_and_verify(channel, request, call, survey, progress, output, finished, files)
     finally:
         survey.cancel()
 
@@ -139,11 +190,12 @@ async def run_program(
 async def _run_and_verify(
     channel: Channel,
     request: RunRequest,
-    call: Callable[[Callable[[bytes], None] | None], RunAnswer | Refusal],
+    call: Callable[[Callable[[bytes], None] | None], RunAnswer | ExecuteAnswer | Refusal],
     survey: Survey,
     progress: Progress | None,
     output: OutputSink | None,
     finished: threading.Event,
+    files: PreparedWrite | None,
 ) -> RunResult:
     crashed = SandboxError(
         ErrorCode.SUPERVISOR_FAILED,
@@ -157,9 +209,30 @@ async def _run_and_verify(
         with anyio.CancelScope(shield=True):
             await cancel_run(channel, finished)
         raise
-    result = await _result(channel, request, answer)
+    result = await _result(channel, request, await _run_half(channel, files, answer))
     await require_no_survivors(channel, survey)
     return result
+
+
+async def _run_half(
+    channel: Channel, files: PreparedWrite | None, answer: RunAnswer | ExecuteAnswer | Refusal | None
+) -> RunAnswer | Refusal | None:
+    """The run's answer; of a one-shot's, the run half once the write half proves every file written (a file
+    helper's refusal raises as a write's would). ``None`` for an answer the call should not have had."""
+    if files is None:
+        return None if isinstance(answer, ExecuteAnswer) else answer
+    if isinstance(answer, Refusal) and is_file_refusal(answer):
+        await check_file_reply(channel, answer, None)  # raises
+    if not isinstance(answer, ExecuteAnswer):
+        return None if isinstance(answer, RunAnswer) else answer
+    written = await check_file_reply(channel, answer.written, len(files.files))
+    if any(status != "written" for status in written.results):
+        raise await channel.fail_closed(
+            SandboxError(
+                ErrorCode.TRANSFER_FAILED, "the one-shot's files were not all written; the sandbox was destroyed"
+            )
+        )
+    return answer.run
 
 
 async def _result(channel: Channel, request: RunRequest, answer: RunAnswer | Refusal | None) -> RunResult:

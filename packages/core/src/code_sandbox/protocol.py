@@ -11,7 +11,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """The version of these messages and of the helpers' command lines and framing. A profile declares the version its
 helpers speak, and the image carries it as the label :data:`PROTOCOL_LABEL`; both must equal this."""
 PROTOCOL_LABEL = "io.code-sandbox.protocol"
@@ -97,6 +97,14 @@ class RunRequest(Message):
     stream: bool
 
 
+class ExecuteRequest(Message):
+    """A one-shot over the channel: ``write`` (its header and bytes follow the frame), then, only if every file was
+    written, ``run``."""
+
+    write: WriteRequest
+    run: RunRequest
+
+
 # -- answers and lines (helper to host) ----------------------------------------------------------------------------
 
 
@@ -178,6 +186,14 @@ class WriteAnswer(Message):
     results: Annotated[list[WriteStatus], Field(max_length=MAX_RESULTS)]
     entries: Count
     bytes: Count
+
+
+class ExecuteAnswer(Message):
+    """Both halves of an :class:`ExecuteRequest` that went through; the first refusal is answered instead."""
+
+    ok: Literal[True]
+    written: WriteAnswer
+    run: RunAnswer
 
 
 class ListRow(Message):

@@ -37,7 +37,7 @@ from code_sandbox import tool_text
 from code_sandbox.audit import AuditLog, AuditValue
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.image import VerifiedImages
 from code_sandbox.limits import WORDS
@@ -68,7 +68,7 @@ from code_sandbox.schemas import (
 from code_sandbox.sessions import SessionManager, session_hash
 from code_sandbox.settings import Settings
 from code_sandbox.sweep import sweep_managed
-from code_sandbox.workspace import delete_files, list_files, read_file, write_files
+from code_sandbox.workspace import delete_files, list_files, prepare_write, read_file, write_files
 
 logger = logging.getLogger(__name__)
 
@@ -376,15 +376,16 @@ class SandboxServer(Server[None]):
     async def _destroy(self, params: SessionInput, _ctx: Context, _counts: Counts) -> BaseModel:
         return DestroyOutput(destroyed=await self.manager.destroy(params.session_id))
 
-    async def _run(self, params: RunInput, ctx: Context, counts: Counts) -> BaseModel:
-        return await self._run_in(params.session_id, params, ctx, counts)
-
     async def _execute(self, params: ExecuteInput, ctx: Context, counts: Counts) -> BaseModel:
+        # Everything is checked before a sandbox is taken; then the files and the run go as one request.
+        files = prepare_write(_files_with_counts(params, counts), overwrite=False)
+        program = prepare_program(
+            self.manager, params.entrypoint, params.arguments, timeout_seconds=params.timeout_seconds
+        )
         session = await self.manager.create()
         counts["session_hash"] = session.hash
         try:
-            await write_files(self.manager, session.id, _files_with_counts(params, counts), overwrite=False)
-            return await self._run_in(session.id, params, ctx, counts)
+            result = await run_prepared(self.manager, session.id, program, files=files, progress=self._progress(ctx))
         finally:
             # The result goes out now; the container is removed after the reply. Until Docker confirms that, the
             # sandbox is out of use but still counts against the cap, and a failed removal is retried by the reaper.
@@ -394,14 +395,13 @@ class SandboxServer(Server[None]):
             elif retired is not None:
                 with anyio.CancelScope(shield=True):
                     await self.manager.remove_quietly(retired)
+        _run_counts(counts, result)
+        return _run_output(result)
 
-    async def _run_in(
-        self, session_id: str, params: RunInput | ExecuteInput, ctx: Context, counts: Counts
-    ) -> BaseModel:
-        """The run shared by the run tool and the one-shot tool."""
+    async def _run(self, params: RunInput, ctx: Context, counts: Counts) -> BaseModel:
         result = await run_entrypoint(
             self.manager,
-            session_id,
+            params.session_id,
             params.entrypoint,
             params.arguments,
             timeout_seconds=params.timeout_seconds,

@@ -30,6 +30,8 @@ from code_sandbox.protocol import (
     ChannelHello,
     DeleteRequest,
     DigestRequest,
+    ExecuteAnswer,
+    ExecuteRequest,
     InventoryRequest,
     KillAllAnswer,
     ListRequest,
@@ -41,6 +43,7 @@ from code_sandbox.protocol import (
     RunAnswer,
     RunRequest,
     SurveyAnswer,
+    WriteAnswer,
     WriteRequest,
     parse_answer,
     parse_message,
@@ -96,6 +99,26 @@ class Transport(abc.ABC):
     ) -> RunAnswer | Refusal:
         """One program run by the runner. ``on_stderr`` gets the runner's progress and output lines as they come;
         it may raise to reject one, which is a crash like any other protocol violation."""
+
+    def execute(
+        self,
+        target: Target,
+        request: ExecuteRequest,
+        *,
+        payload: Iterable[bytes],
+        timeout: float,
+        on_stderr: StderrSink | None = None,
+    ) -> ExecuteAnswer | Refusal:
+        """A one-shot: the write (``payload`` is its files), then the run only if every file was written; the first
+        refusal is the answer. Here two calls within ``timeout``; a channel makes it one request."""
+        deadline = time.monotonic() + timeout
+        written = self.files(target, request.write, WriteAnswer, payload=payload, timeout=timeout)
+        if isinstance(written, Refusal):
+            return written
+        ran = self.run(target, request.run, timeout=max(deadline - time.monotonic(), 0.001), on_stderr=on_stderr)
+        if isinstance(ran, Refusal):
+            return ran
+        return ExecuteAnswer(ok=True, written=written, run=ran)
 
     @abc.abstractmethod
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
@@ -250,7 +273,8 @@ class DockerTransport(Transport):
 
 class ChannelTransport(DockerTransport):
     """File operations and runs over one held exec per sandbox (``runner --channel``): a request is a frame on its
-    stdin and its answer one line on its stdout, so a call costs neither a ``docker exec`` nor a runtime start.
+    stdin and its answer one line on its stdout, so a call costs neither a ``docker exec`` nor a runtime start, and a
+    one-shot's files and run are one request.
 
     The survey goes over a second held exec, as the supervisor uid (``runner --supervise``: one survey per line).
     The kill-all and the watchdog check stay execs: they must work while the channel is busy or not yet open.
@@ -349,6 +373,24 @@ class ChannelTransport(DockerTransport):
             target, "run", [frame], RunAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
             on_stderr=on_stderr,
         )  # fmt: skip
+
+    def execute(
+        self,
+        target: Target,
+        request: ExecuteRequest,
+        *,
+        payload: Iterable[bytes],
+        timeout: float,
+        on_stderr: StderrSink | None = None,
+    ) -> ExecuteAnswer | Refusal:
+        frame = _envelope("execute", request)
+        answer = self._exchange(
+            target, "execute", itertools.chain([frame], payload), ExecuteAnswer, timeout=timeout,
+            max_answer=9 * MiB, max_stderr=8 * MiB, on_stderr=on_stderr,
+        )  # fmt: skip
+        if isinstance(answer, Refusal):
+            self._drop(target)  # the channel ends after refusing a one-shot; a later call opens a new one
+        return answer
 
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
         # Kills every process of the sandbox uid, the channel included; the next call opens a new one.

@@ -110,10 +110,19 @@ def encode_write_stream(files: Sequence[tuple[str, bytes]]) -> Iterator[bytes]:
         yield data
 
 
-async def write_files(
-    sandboxes: Sandboxes, session_id: str, files: Sequence[tuple[str, str]], *, overwrite: bool
-) -> list[WriteStatus]:
-    """Write UTF-8 text files into the workspace; per-path status in request order."""
+@dataclass(frozen=True)
+class PreparedWrite:
+    """A checked write: its request, and the files' paths and bytes (:func:`prepare_write`)."""
+
+    request: WriteRequest
+    files: list[tuple[str, bytes]]
+
+    def payload(self) -> Iterator[bytes]:
+        return encode_write_stream(self.files)
+
+
+def prepare_write(files: Sequence[tuple[str, str]], *, overwrite: bool) -> PreparedWrite:
+    """Check a write against every limit before anything is sent: paths, duplicates, encoding, sizes."""
     if not 1 <= len(files) <= MAX_FILES_PER_CALL:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"write between 1 and {MAX_FILES_PER_CALL} files per call")
     encoded: list[tuple[str, bytes]] = []
@@ -138,9 +147,17 @@ async def write_files(
         max_entries=MAX_ENTRIES,
         max_total_bytes=WORKSPACE_BYTES,
     )
+    return PreparedWrite(request, encoded)
+
+
+async def write_files(
+    sandboxes: Sandboxes, session_id: str, files: Sequence[tuple[str, str]], *, overwrite: bool
+) -> list[WriteStatus]:
+    """Write UTF-8 text files into the workspace; per-path status in request order."""
+    write = prepare_write(files, overwrite=overwrite)
     async with sandboxes.channel(session_id) as channel:
         answer = await call_file_helper(
-            channel, request, WriteAnswer, payload=encode_write_stream(encoded), results=len(encoded)
+            channel, write.request, WriteAnswer, payload=write.payload(), results=len(write.files)
         )
     return list(answer.results)
 
@@ -212,6 +229,12 @@ async def call_file_helper(
                 timeout=HELPER_TIMEOUT_SECONDS,
             )
         )  # fmt: skip
+    return await check_file_reply(channel, reply, results)
+
+
+async def check_file_reply(channel: Channel, reply: M | Refusal, results: int | None) -> M:
+    """A file helper's answer, believed only if it has ``results`` per-path results; a refusal raises its error, and
+    anything untrustworthy destroys the session."""
     if not isinstance(reply, Refusal):
         if results is not None and len(getattr(reply, "results", ())) != results:
             raise await channel.fail_closed(
@@ -225,3 +248,8 @@ async def call_file_helper(
         raise SandboxError(error_code, message)
     error_code, message = _FAILURES.get(reply.code, (ErrorCode.INTERNAL_ERROR, "the file helper failed"))
     raise await channel.fail_closed(SandboxError(error_code, f"{message}; the sandbox was destroyed"))
+
+
+def is_file_refusal(reply: Refusal) -> bool:
+    """Whether a refusal is one the file helper gives (as opposed to the runner's)."""
+    return reply.code in _REFUSALS or reply.code in _FAILURES

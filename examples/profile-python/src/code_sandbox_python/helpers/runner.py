@@ -587,7 +587,7 @@ def load_file_helper():
     return module
 
 
-CHANNEL_OPS = ("write", "list", "read", "delete", "digest", "inventory", "run")
+CHANNEL_OPS = ("write", "list", "read", "delete", "digest", "inventory", "run", "execute")
 # Written on stderr after every stderr line of a request and before its answer: stderr and stdout reach the host by
 # separate copies and may arrive out of order, so this tells it that nothing of the request is still on its way.
 STDERR_END = b'{"end":true}\n'
@@ -613,15 +613,31 @@ def send(obj):
     write_all(1, (dumps(obj) + "\n").encode())
 
 
-# Protocol version 2: the channel first says hello ({"ok": true, "pid": ...}); then requests arrive one at a time
-# as frames on a stdin that stays open, each an envelope {"op": ..., "request": ...}; a write's header frame and
-# bytes follow its envelope, as for `files.py write -`.
+# Protocol version 3: the channel first says hello ({"ok": true, "pid": ...}); then requests arrive one at a time
+# as frames on a stdin that stays open, each an envelope {"op": ..., "request": ...}; a write's (and an execute's)
+# header frame and bytes follow its envelope, as for `files.py write -`.
 # Each gets exactly the answer line its exec form gives. One reader serves the frames and the payloads and never
 # reads ahead (files.take), so nothing is lost between requests. The end of stdin at a frame boundary ends the
 # channel quietly; anything that leaves no trustworthy next frame (a frame cut short or too large, not UTF-8 or
 # not JSON, a bad envelope, a write whose payload was not read whole) is answered, if at all, and ends it with
 # exit 0; after INTERNAL_ERROR we exit 1. Programs run exactly as in the exec form, and the cleanup after each run
 # kills every process of our uid but us.
+# A one-shot's single request: {"write": <a write request>, "run": <a run request>}, the write's header and bytes
+# after the frame. The program runs only once every file is written; the answer carries both results, or the first
+# refusal (after which the channel ends).
+def execute(files, request, take, wakeup):
+    if type(request) is not dict or sorted(request) != ["run", "write"]:
+        return refusal("INVALID_REQUEST")
+    req = check_request(request["run"])
+    if req is None:
+        return refusal("INVALID_REQUEST")
+    written = files.file_operation("write", request["write"], take)
+    if written["ok"] is not True:
+        return written
+    ran = run(req, wakeup)
+    return ran if ran["ok"] is not True else {"ok": True, "written": written, "run": ran}
+
+
 def channel():
     files = load_file_helper()
     import subprocess  # noqa: F401  # run()'s heaviest import, paid now while the host waits for the hello
@@ -658,6 +674,17 @@ def channel():
         if initial is None or own_state() != initial:
             answer(refusal("INTERNAL_ERROR"), 1)
         op, request = envelope["op"], envelope["request"]
+        if op == "execute":
+            if wakeup is None:
+                wakeup = Wakeup()
+            result = execute(files, request, take, wakeup)
+            if result.get("code") == "INTERNAL_ERROR":
+                answer(result, 1)
+            write_all(2, STDERR_END)
+            send(result)
+            if result["ok"] is not True:
+                os._exit(0)  # the host discards a one-shot sandbox whatever went wrong; its payload may be unread
+            continue
         if op == "run":
             req = check_request(request)
             if req is None:

@@ -370,10 +370,25 @@ function watchdogReady() {
   return false;
 }
 
-// The channel: frames on a held stdin, each {"op": <a file operation or "run">, "request": {...}}, one answer line
-// on stdout each. A write's header and bytes follow its frame. It saves the host a docker exec and a node start per
-// call. End of stdin at a frame boundary ends it quietly; anything malformed is answered once and ends it.
-const ENVELOPE_OPS = new Set([...FILE_OPERATIONS, 'run']);
+// The channel: frames on a held stdin, each {"op": <a file operation, "run" or "execute">, "request": {...}}, one
+// answer line on stdout each. A write's (and an execute's) header and bytes follow its frame. It saves the host a
+// docker exec and a node start per call. End of stdin at a frame boundary ends it quietly; anything malformed is answered once and ends it.
+const ENVELOPE_OPS = new Set([...FILE_OPERATIONS, 'run', 'execute']);
+
+// A one-shot's single request: {"write": <a write request>, "run": <a run request>}, the write's header and bytes
+// after the frame. The program runs only once every file is written; the answer carries both results, or the first
+// refusal (and the channel then ends: the host discards a one-shot sandbox whatever went wrong).
+async function execute(request, take) {
+  const isObject = request !== null && typeof request === 'object' && !Array.isArray(request);
+  const keys = isObject ? Object.keys(request) : [];
+  if (keys.length !== 2 || !keys.includes('write') || !keys.includes('run')) return refusal('INVALID_REQUEST');
+  const req = validRequest(request.run);
+  if (req === null) return refusal('INVALID_REQUEST');
+  const written = await fileOperation('write', request.write, take);
+  if (written.ok === false) return written;
+  const ran = await run(req);
+  return ran.ok === false ? ran : { ok: true, written, run: ran };
+}
 
 // What a program could change about us from outside: resource limits, scheduling (priority, nice, real-time
 // priority, policy) and allowed CPUs. null when it cannot be read.
@@ -427,6 +442,8 @@ async function channel() {
     if (envelope.op === 'run') {
       const req = validRequest(envelope.request);
       result = req === null ? refusal('INVALID_REQUEST') : await run(req);
+    } else if (envelope.op === 'execute') {
+      result = await execute(envelope.request, take);
     } else {
       result = await fileOperation(envelope.op, envelope.request, take);
     }
@@ -440,6 +457,7 @@ async function channel() {
     if (envelope.op === 'write' && result.ok === false && ['INVALID_REQUEST', 'TRANSFER_FAILED'].includes(result.code)) {
       return null;
     }
+    if (envelope.op === 'execute' && result.ok === false) return null;
   }
 }
 
