@@ -1,4 +1,8 @@
-"""The ``code-sandbox`` command line. Each command parses its options, calls one core function, shapes output."""
+"""The ``code-sandbox`` command line. Each command parses its options, calls one core function, shapes output.
+
+Core's heavier modules (Docker's client, the MCP SDK, rich) are imported by the commands that use them, so that
+``serve`` starts answering its client before they have loaded.
+"""
 
 from __future__ import annotations
 
@@ -14,21 +18,13 @@ from typing import Annotated, NoReturn
 
 import anyio
 import typer
-from code_sandbox.doctor import Finding, run_doctor
-from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_PROFILE, LABEL_SESSION
-from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.limits import WORDS
 from code_sandbox.liveness import ServerMarker, default_state_dir
-from code_sandbox.local_run import run_local
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
-from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import TAG_RULE, Settings, is_valid_tag, load_settings
-from code_sandbox.sweep import apply_verdicts, survey_managed
-from rich.console import Console
-from rich.table import Table
 
 app = typer.Typer(
     name="code-sandbox",
@@ -140,6 +136,10 @@ async def _run_local(
     arguments: list[str],
     timeout_seconds: int | None,
 ) -> int:
+    from code_sandbox.engine import DockerEngine
+    from code_sandbox.local_run import run_local
+    from code_sandbox.sessions import SessionManager
+
     engine = DockerEngine(labels=settings.container_labels())
     marker = ServerMarker.acquire(default_state_dir())
     manager = SessionManager(engine, profile, replace(settings, warm_pool=0), owner=marker.owner)
@@ -179,6 +179,9 @@ async def _run_local(
 @app.command()
 def doctor() -> None:
     """Check Docker, the enforced hardening, the image, the settings and the audit log; print a fix for each failure."""
+    from code_sandbox.doctor import Finding, run_doctor
+    from code_sandbox.engine import DockerEngine
+
     profile: Profile | None
     try:
         profile = select_profile(create_plugin_manager(), os.environ.get("CODE_SANDBOX_PROFILE") or None)
@@ -224,6 +227,9 @@ def build_image(
     ] = None,
 ) -> None:
     """Build the sandbox image and tag it with the profile's single allowlisted tag."""
+    from code_sandbox.engine import DockerEngine
+    from code_sandbox.image import build_offline_image
+
     settings = _settings()
     profile = _profile(settings)
     if not offline:
@@ -249,6 +255,9 @@ def build_image(
 def verify_image_command() -> None:
     """Check the sandbox image: immutable ID, exact labels, non-root, no shell or package manager, helpers, a hardened
     run."""
+    from code_sandbox.engine import DockerEngine
+    from code_sandbox.image import verify_image
+
     settings = _settings()
     profile = _profile(settings)
     engine = DockerEngine(labels=settings.container_labels())
@@ -283,6 +292,9 @@ def reap(
     OWNER says whether the server that made a container still runs: live, dead (its containers are orphans), or ?
     (unknown: another machine's or user's server, or one that could not record itself).
     """
+    from code_sandbox.engine import DockerEngine
+    from code_sandbox.sweep import apply_verdicts, survey_managed
+
     settings = _settings()
     if tag is not None and not is_valid_tag(tag):
         typer.echo(f"code-sandbox: --tag {TAG_RULE}", err=True)
@@ -324,6 +336,9 @@ def reap(
 
 def _print_table(header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) -> None:
     """Columns aligned by rich, without borders; one line per row even when stdout is a pipe or a log."""
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:
         console.width = 10_000

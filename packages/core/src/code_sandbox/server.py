@@ -7,7 +7,6 @@ failure becomes a tool result with ``isError: true`` whose text starts with a st
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import time
@@ -19,8 +18,6 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 import anyio
-import anyio.abc
-import anyio.to_thread
 from mcp.server import Server, ServerRequestContext
 from mcp.types import (
     CallToolRequestParams,
@@ -34,14 +31,10 @@ from mcp.types import (
 from pydantic import BaseModel, ValidationError
 
 from code_sandbox import tool_text
-from code_sandbox.audit import AuditLog, AuditValue
+from code_sandbox.audit import AuditValue
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
-from code_sandbox.hardening import LABEL_TAG
-from code_sandbox.image import VerifiedImages
-from code_sandbox.limits import WORDS
-from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.profile import Profile
 from code_sandbox.relay import Progress
 from code_sandbox.schemas import (
@@ -65,9 +58,9 @@ from code_sandbox.schemas import (
     WriteFilesOutput,
     run_input_models,
 )
-from code_sandbox.sessions import SessionManager, session_hash
+from code_sandbox.service import SandboxService
+from code_sandbox.sessions import session_hash
 from code_sandbox.settings import Settings
-from code_sandbox.sweep import sweep_managed
 from code_sandbox.workspace import delete_files, list_files, prepare_write, read_file, write_files
 
 logger = logging.getLogger(__name__)
@@ -196,35 +189,27 @@ class SandboxServer(Server[None]):
         *,
         engine: DockerEngine | None = None,
         state_dir: Path | None = None,
+        service: SandboxService | None = None,
     ) -> None:
+        """``service``: the sandboxes, if the caller built (and maybe started) them; else built here from
+        ``engine`` and ``state_dir``."""
         info = profile.info
         self.execute_tool_name = info.execute_tool_name
-        words = {
-            **WORDS,
-            "language": info.language,
-            "run_tool": info.run_tool_name,
-            "execute_tool": self.execute_tool_name,
-            "example_path": info.example_path,
-            "idle": settings.idle_timeout,
-            "lifetime": settings.max_lifetime,
-            "sessions": settings.max_sessions,
-            "max_timeout": settings.max_timeout,
-        }
+        words = tool_text.words(settings, info)
         super().__init__(
             "code-sandbox",
             version=metadata.version("code-sandbox-core"),
-            instructions=tool_text.INSTRUCTIONS.format(**words),
+            instructions=tool_text.instructions(settings, info),
             lifespan=self._lifespan,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
         self.settings = settings
         self.profile = profile
-        self.engine = engine or DockerEngine(labels=settings.container_labels())
-        self.state_dir = state_dir or default_state_dir()
-        verified = VerifiedImages(self.state_dir / "verified-images")
-        self.manager = SessionManager(self.engine, profile, settings, verified=verified)
-        self.audit = AuditLog(settings.audit_log, enabled=settings.audit_enabled)
+        self.service = service or SandboxService(settings, profile, engine=engine, state_dir=state_dir)
+        self.engine = self.service.engine
+        self.manager = self.service.manager
+        self.audit = self.service.audit
         run_model, execute_model = run_input_models(
             entrypoint_suffixes=info.entrypoint_suffixes,
             example_entrypoint=info.default_entrypoints[0],
@@ -251,48 +236,13 @@ class SandboxServer(Server[None]):
                     mutating, self._execute),
         ]  # fmt: skip
         self.tool_defs = {tool.name: tool for tool in tools}
-        self._background: anyio.abc.TaskGroup | None = None
-        """The lifespan's task group: work that outlives a call (a one-shot sandbox's removal) runs in it."""
 
     # -- protocol -----------------------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _server: Server[None]) -> AsyncGenerator[None]:
-        # Held until the end: while this lock is held, other servers' sweeps leave our containers alone, and once
-        # the process is gone (however it ended) they may remove what it left.
-        marker = await anyio.to_thread.run_sync(ServerMarker.acquire, self.state_dir)
-        self.manager.owner = marker.owner
-        atexit.register(self.manager.remove_all_now)
-        try:
-            async with anyio.create_task_group() as group:
-                self._background = group
-                group.start_soon(self._sweep)
-                group.start_soon(self.manager.run_reaper)
-                group.start_soon(self.manager.run_pool)
-                try:
-                    yield None
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await self.manager.shutdown()
-                    group.cancel_scope.cancel()
-        finally:
-            self.audit.close()
-            left = len(self.manager)
-            if not left:  # else the exit handler gets one more try at what shutdown could not remove
-                atexit.unregister(self.manager.remove_all_now)
-            marker.release(leave_marker=left > 0)  # a marker left behind reads "dead": its orphans get swept
-
-    async def _sweep(self) -> None:
-        # A tagged server (CODE_SANDBOX_TAG) judges only its tag's containers: other clients' are theirs to sweep.
-        tag = self.engine.labels.get(LABEL_TAG)
-        try:
-            await anyio.to_thread.run_sync(
-                lambda: sweep_managed(
-                    self.engine, max_lifetime=self.settings.max_lifetime, state_dir=self.state_dir, tag=tag
-                )
-            )
-        except SandboxError as error:
-            logger.warning("start-up sweep skipped: %s", error.message)
+        async with self.service.running():
+            yield None
 
     async def _list_tools(self, _ctx: Context, _params: PaginatedRequestParams | None) -> ListToolsResult:
         return ListToolsResult(tools=[tool.describe() for tool in self.tool_defs.values()])
@@ -387,14 +337,7 @@ class SandboxServer(Server[None]):
         try:
             result = await run_prepared(self.manager, session.id, program, files=files, progress=self._progress(ctx))
         finally:
-            # The result goes out now; the container is removed after the reply. Until Docker confirms that, the
-            # sandbox is out of use but still counts against the cap, and a failed removal is retried by the reaper.
-            retired = self.manager.retire(session.id)
-            if retired is not None and self._background is not None:
-                self._background.start_soon(self.manager.remove_quietly, retired)
-            elif retired is not None:
-                with anyio.CancelScope(shield=True):
-                    await self.manager.remove_quietly(retired)
+            await self.service.remove_after_reply(session.id)  # the result goes out first
         _run_counts(counts, result)
         return _run_output(result)
 

@@ -1,5 +1,12 @@
-"""The stdio transport of ``code-sandbox serve``: stdin's lines read on a daemon thread, SIGTERM and SIGINT, and
-running the server until stdin closes."""
+"""The stdio transport of ``code-sandbox serve``: the wire, start-up order, SIGTERM and SIGINT, and running the
+server until stdin closes.
+
+Start-up is ordered for a client that launches the server and calls at once. stdin and stdout are claimed first
+(fd 0 then reads the null device and fd 1 writes to stderr, so nothing but JSON-RPC can reach the wire). Then three
+things happen side by side: a recorded ``initialize`` answer goes out as soon as the request arrives
+(:mod:`code_sandbox.handshake`), the sandbox service starts and the warm pool fills, and the MCP SDK loads on a
+worker thread. This module imports neither the SDK nor Docker's client at the top for that reason.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +15,30 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncGenerator
-from typing import Any, cast
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-from mcp.server.stdio import stdio_server
+import anyio.to_thread
 
+from code_sandbox import tool_text
+from code_sandbox.errors import SandboxError
+from code_sandbox.handshake import (
+    Initialize,
+    RecordedAnswers,
+    answer_line,
+    build_identity,
+    parse_initialize,
+    parse_response,
+)
+from code_sandbox.liveness import default_state_dir
 from code_sandbox.profile import Profile
-from code_sandbox.server import SandboxServer
 from code_sandbox.settings import Settings
+
+if TYPE_CHECKING:
+    from code_sandbox.service import SandboxService
 
 logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -26,20 +46,23 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class StdinLines:
-    """stdin's lines, read on a daemon thread.
+    """The client's lines, read from ``fd`` on a daemon thread.
 
     The SDK reads stdin in a worker thread that a cancellation must wait for, so SIGTERM could not stop a server
     whose client sends nothing. A daemon thread feeding a memory stream can be abandoned at once.
     """
 
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
     async def __aiter__(self) -> AsyncGenerator[str]:
         send, receive = anyio.create_memory_object_stream[str](1)
         token = anyio.lowlevel.current_token()
+        fd = self._fd
 
         def pump() -> None:
-            # Raw os.read on a duplicate of fd 0: no Python-level buffer lock that a daemon thread could still
-            # hold when the interpreter shuts down.
-            fd = os.dup(0)
+            # Raw os.read: no Python-level buffer lock that a daemon thread could still hold when the interpreter
+            # shuts down.
             parts: list[bytes] = []  # the current line so far; each chunk is scanned once, never re-copied
             size, oversized = 0, False
             try:
@@ -63,8 +86,6 @@ class StdinLines:
                 anyio.from_thread.run_sync(send.close, token=token)
             except Exception:  # the loop is gone or the stream closed: nothing is waiting for more lines
                 return
-            finally:
-                os.close(fd)
 
         threading.Thread(target=pump, name="code-sandbox stdin", daemon=True).start()
         async with receive:
@@ -72,11 +93,82 @@ class StdinLines:
                 yield line
 
 
+class Wire:
+    """stdout for JSON-RPC: a private duplicate of fd 1, written by worker threads, one whole line at a time.
+
+    When ``initialize`` was answered early, the SDK's own answer to it is held back here and compared; when it was
+    not, the SDK's answer is recorded for the next start.
+    """
+
+    def __init__(self, fd: int, answers: RecordedAnswers) -> None:
+        self._fd = fd
+        self._answers = answers
+        self._watch: Initialize | None = None
+        self._sent: dict[str, Any] | None = None
+
+    async def send_early(self, request: Initialize, result: dict[str, Any]) -> None:
+        """Answer ``request`` now, before the SDK has loaded; its answer will be compared, not sent."""
+        self._watch, self._sent = request, result
+        await anyio.to_thread.run_sync(self._write_all, answer_line(request.id, result))
+
+    def record(self, request: Initialize) -> None:
+        """Record the SDK's answer to ``request`` when it passes through."""
+        self._watch, self._sent = request, None
+
+    async def write(self, text: str) -> int:
+        """The SDK's stdout: called with one JSON-RPC message and its newline at a time."""
+        if self._watch is not None:
+            request, sent = self._watch, self._sent
+            answers, result = parse_response(text, request.id)
+            if answers:
+                self._watch = None
+                if result is not None and result != sent:
+                    await anyio.to_thread.run_sync(self._answers.put, request.protocol_version, result)
+                if sent is not None:
+                    if result != sent:
+                        logger.warning("the recorded initialize answer differed from the SDK's; recorded anew")
+                    return len(text)  # answered already
+        await anyio.to_thread.run_sync(self._write_all, text.encode())
+        return len(text)
+
+    async def flush(self) -> None:
+        """Every write went out whole already."""
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+
+def claim_stdio() -> tuple[int, int]:
+    """Private duplicates of fd 0 and fd 1 for the wire; fd 0 then reads the null device and fd 1 writes to stderr,
+    so that nothing else (a library's stray print, a child process) can read the client's messages or corrupt ours.
+    """
+    stdin, stdout = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+    finally:
+        os.close(null)
+    try:
+        os.dup2(2, 1)
+    except OSError:  # no stderr was given: stray output goes nowhere
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+    return stdin, stdout
+
+
 def run_stdio_server(settings: Settings, profile: Profile) -> None:
     """Serve MCP over stdin/stdout until stdin closes or SIGTERM/SIGINT arrives; then remove every sandbox."""
-    server = SandboxServer(settings, profile)
+    stdin_fd, stdout_fd = claim_stdio()
+    state_dir = default_state_dir()
+    answers = RecordedAnswers(state_dir / "initialize", build_identity(tool_text.instructions(settings, profile.info)))
+    wire = Wire(stdout_fd, answers)
+    services: list[SandboxService] = []
 
     async def serve() -> None:
+        lines = aiter(StdinLines(stdin_fd))
         async with anyio.create_task_group() as group:
 
             async def stop_on_signal() -> None:
@@ -87,11 +179,73 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
 
             if sys.platform != "win32":  # Windows' event loop has no signal handlers; stdin EOF still ends it
                 group.start_soon(stop_on_signal)
-            async with stdio_server(stdin=cast(Any, StdinLines())) as (read, write):
-                await server.run(read, write, server.create_initialization_options())
+            first: list[str | None] = []
+            greeted = anyio.Event()
+
+            async def greet() -> None:
+                line = await anext(lines, None)
+                first.append(line)
+                request = parse_initialize(line) if line is not None else None
+                if request is not None:
+                    recorded = await anyio.to_thread.run_sync(answers.get, request.protocol_version)
+                    if recorded is not None:
+                        await wire.send_early(request, recorded)
+                        logger.info("initialize answered from the record, before the SDK loaded")
+                    else:
+                        wire.record(request)
+                greeted.set()
+
+            group.start_soon(greet)
+            sdk: list[tuple[Any, Any]] = []
+            sdk_loaded = anyio.Event()
+
+            async def load_sdk() -> None:
+                sdk.append(await anyio.to_thread.run_sync(_load_sdk))
+                sdk_loaded.set()
+
+            group.start_soon(load_sdk)
+            service = await anyio.to_thread.run_sync(_build_service, settings, profile)
+            services.append(service)
+            async with service.running():
+                await sdk_loaded.wait()
+                await greeted.wait()
+                if first[0] is not None:
+                    server_class, stdio_server = sdk[0]
+                    server = server_class(settings, profile, service=service)
+                    stdin = _replayed(first[0], lines)
+                    async with stdio_server(stdin=cast(Any, stdin), stdout=cast(Any, wire)) as (read, write):
+                        await server.run(read, write, server.create_initialization_options())
             group.cancel_scope.cancel()
 
     try:
         anyio.run(serve)
+    except BaseExceptionGroup as group:  # one error of ours, raised inside the task group: say it plainly
+        errors = group.exceptions
+        if len(errors) == 1 and isinstance(errors[0], SandboxError):
+            raise errors[0] from None
+        raise
     finally:
-        server.engine.close()
+        for service in services:
+            service.engine.close()
+
+
+def _load_sdk() -> tuple[Any, Any]:
+    """The MCP server and the SDK's stdio transport: most of a second of imports, made on a worker thread."""
+    from mcp.server.stdio import stdio_server
+
+    from code_sandbox.server import SandboxServer
+
+    return SandboxServer, stdio_server
+
+
+def _build_service(settings: Settings, profile: Profile) -> SandboxService:
+    from code_sandbox.service import SandboxService
+
+    return SandboxService(settings, profile)
+
+
+async def _replayed(first: str, rest: AsyncIterator[str]) -> AsyncGenerator[str]:
+    """The client's lines for the SDK: the first one, which was read here already, then the others."""
+    yield first
+    async for line in rest:
+        yield line

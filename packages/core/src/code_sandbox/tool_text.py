@@ -6,6 +6,35 @@ text cannot drift from what is enforced.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from code_sandbox.limits import WORDS
+
+if TYPE_CHECKING:
+    from code_sandbox.profile import ProfileInfo
+    from code_sandbox.settings import Settings
+
+
+def words(settings: Settings, info: ProfileInfo) -> dict[str, Any]:
+    """The placeholders of every text here: the limits, the profile's names, and this server's settings."""
+    return {
+        **WORDS,
+        "language": info.language,
+        "run_tool": info.run_tool_name,
+        "execute_tool": info.execute_tool_name,
+        "example_path": info.example_path,
+        "idle": settings.idle_timeout,
+        "lifetime": settings.max_lifetime,
+        "sessions": settings.max_sessions,
+        "max_timeout": settings.max_timeout,
+    }
+
+
+def instructions(settings: Settings, info: ProfileInfo) -> str:
+    """The server's ``instructions`` (sent with the ``initialize`` answer)."""
+    return INSTRUCTIONS.format(**words(settings, info))
+
+
 INSTRUCTIONS = """\
 Disposable, offline {language} sandboxes for running code you wrote. Nothing you run can reach the network, \
 the user's files or their secrets.

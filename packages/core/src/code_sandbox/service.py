@@ -1,0 +1,109 @@
+"""The sandboxes of one server process, started and stopped as one: the session manager, its background work (the
+start-up sweep, the reaper, the warm pool), the liveness marker and the audit log.
+
+It imports no MCP code, so that ``serve`` can start it, and the pool can fill, while the SDK is still loading.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from code_sandbox.audit import AuditLog
+from code_sandbox.engine import DockerEngine
+from code_sandbox.errors import SandboxError
+from code_sandbox.hardening import LABEL_TAG
+from code_sandbox.image import VerifiedImages
+from code_sandbox.liveness import ServerMarker, default_state_dir
+from code_sandbox.profile import Profile
+from code_sandbox.sessions import SessionManager
+from code_sandbox.settings import Settings
+from code_sandbox.sweep import sweep_managed
+
+logger = logging.getLogger(__name__)
+
+
+class SandboxService:
+    """Everything a server needs to serve sandboxes for one profile, apart from the protocol."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        profile: Profile,
+        *,
+        engine: DockerEngine | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
+        self.settings = settings
+        self.profile = profile
+        self.engine = engine or DockerEngine(labels=settings.container_labels())
+        self.state_dir = state_dir or default_state_dir()
+        verified = VerifiedImages(self.state_dir / "verified-images")
+        self.manager = SessionManager(self.engine, profile, settings, verified=verified)
+        self.audit = AuditLog(settings.audit_log, enabled=settings.audit_enabled)
+        self._background: anyio.abc.TaskGroup | None = None
+        """While running: work that outlives a call (a one-shot sandbox's removal) runs in this task group."""
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncGenerator[None]:
+        """Run the background work until the block ends, then remove every sandbox; re-entering a running service
+        does nothing (``serve`` starts it before the MCP server, whose lifespan enters it again)."""
+        if self._background is not None:
+            yield None
+            return
+        # Held until the end: while this lock is held, other servers' sweeps leave our containers alone, and once
+        # the process is gone (however it ended) they may remove what it left.
+        marker = await anyio.to_thread.run_sync(ServerMarker.acquire, self.state_dir)
+        self.manager.owner = marker.owner
+        atexit.register(self.manager.remove_all_now)
+        try:
+            async with anyio.create_task_group() as group:
+                self._background = group
+                group.start_soon(self._sweep)
+                group.start_soon(self.manager.run_reaper)
+                group.start_soon(self.manager.run_pool)
+                try:
+                    yield None
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self.manager.shutdown()
+                    group.cancel_scope.cancel()
+        finally:
+            self._background = None
+            self.audit.close()
+            left = len(self.manager)
+            if not left:  # else the exit handler gets one more try at what shutdown could not remove
+                atexit.unregister(self.manager.remove_all_now)
+            marker.release(leave_marker=left > 0)  # a marker left behind reads "dead": its orphans get swept
+
+    async def remove_after_reply(self, session_id: str) -> None:
+        """Take a one-shot's sandbox out of use now and remove its container in the background, so that the result
+        goes out first. Until Docker confirms the removal, the sandbox still counts against the cap; a failed
+        removal is retried by the reaper."""
+        retired = self.manager.retire(session_id)
+        if retired is None:
+            return
+        if self._background is not None:
+            self._background.start_soon(self.manager.remove_quietly, retired)
+        else:
+            with anyio.CancelScope(shield=True):
+                await self.manager.remove_quietly(retired)
+
+    async def _sweep(self) -> None:
+        # A tagged server (CODE_SANDBOX_TAG) judges only its tag's containers: other clients' are theirs to sweep.
+        tag = self.engine.labels.get(LABEL_TAG)
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: sweep_managed(
+                    self.engine, max_lifetime=self.settings.max_lifetime, state_dir=self.state_dir, tag=tag
+                )
+            )
+        except SandboxError as error:
+            logger.warning("start-up sweep skipped: %s", error.message)

@@ -1,0 +1,177 @@
+"""``serve``'s start-up: the ``initialize`` answer recorded by a first server and sent by later ones before the SDK
+has loaded, and the modules the start-up path may import before it answers."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from code_sandbox.handshake import RecordedAnswers, parse_initialize, parse_response
+
+from tests.support.run import command_env
+
+CLI = str(Path(sys.executable).parent / "code-sandbox")
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+
+
+class RawClient:
+    """``code-sandbox serve`` spoken to line by line, so that every byte it writes to stdout is seen."""
+
+    def __init__(self, tmp_path: Path, *, verbose: bool = False) -> None:
+        env = command_env(audit_log=str(tmp_path / "audit.jsonl"), warm_pool="0")
+        env["XDG_STATE_HOME"] = str(tmp_path / "xdg-state")
+        argv = [CLI, "serve", *(["-v"] if verbose else [])]
+        self.process = subprocess.Popen(
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        self._stderr: list[bytes] = []
+        self._readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line)
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        self._stderr.extend(self.process.stderr)
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message).encode() + b"\n")
+        self.process.stdin.flush()
+
+    def receive(self) -> dict[str, Any]:
+        return json.loads(self._lines.get(timeout=30))
+
+    def finish(self) -> str:
+        """Close stdin, wait for the exit, and return stderr; every stdout line must have been received."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        assert self.process.wait(timeout=30) == 0
+        for reader in self._readers:
+            reader.join(timeout=10)
+        for pipe in (self.process.stdout, self.process.stderr):
+            assert pipe is not None
+            pipe.close()
+        assert self._lines.empty(), "the server wrote a line nobody asked for"
+        return b"".join(self._stderr).decode()
+
+
+def session(tmp_path: Path, *, verbose: bool = False) -> tuple[dict[str, Any], list[str], str]:
+    """One client session: initialize, initialized, tools/list. Returns the initialize answer, the tool names and
+    the server's stderr."""
+    client = RawClient(tmp_path, verbose=verbose)
+    client.send(INITIALIZE)
+    answer = client.receive()
+    client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    client.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    listed = client.receive()
+    assert listed["id"] == 2, listed  # the SDK's own answer to initialize was held back
+    return answer, [tool["name"] for tool in listed["result"]["tools"]], client.finish()
+
+
+def records(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "xdg-state" / "code-sandbox" / "initialize").glob("*.json"))
+
+
+@pytest.mark.docker
+def test_a_later_server_answers_initialize_from_the_record_exactly_as_the_sdk_did(tmp_path: Path) -> None:
+    first, tools, stderr = session(tmp_path, verbose=True)
+    assert first["id"] == 1 and first["result"]["serverInfo"]["name"] == "code-sandbox"
+    assert "from the record" not in stderr
+    [record] = records(tmp_path)
+    assert json.loads(record.read_text()) == first["result"]
+
+    second, tools_again, stderr = session(tmp_path, verbose=True)
+    assert "initialize answered from the record" in stderr
+    assert "differed" not in stderr
+    assert second == first and tools_again == tools
+    assert "execute_javascript" in tools
+
+
+@pytest.mark.docker
+def test_a_stale_record_is_corrected_from_the_sdks_answer(tmp_path: Path) -> None:
+    first, _tools, _stderr = session(tmp_path)
+    [record] = records(tmp_path)
+    record.write_text(json.dumps({**first["result"], "instructions": "stale"}))
+
+    stale, _tools, stderr = session(tmp_path, verbose=True)
+    assert stale["result"]["instructions"] == "stale"  # sent before the SDK could say otherwise
+    assert "differed from the SDK's" in stderr
+    assert json.loads(record.read_text()) == first["result"]  # the next start is right again
+
+
+@pytest.mark.docker
+def test_a_record_that_is_not_a_private_json_file_is_ignored(tmp_path: Path) -> None:
+    first, _tools, _stderr = session(tmp_path)
+    [record] = records(tmp_path)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({**first["result"], "instructions": "planted"}))
+    record.unlink()
+    record.symlink_to(elsewhere)
+    answer, _tools, stderr = session(tmp_path, verbose=True)
+    assert answer == first and "from the record" not in stderr
+
+
+def test_the_start_up_path_imports_neither_the_sdk_nor_dockers_client() -> None:
+    script = (
+        "import sys, code_sandbox_cli.main, code_sandbox.stdio, code_sandbox.handshake, code_sandbox.tool_text\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types', 'docker', 'rich'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {**INITIALIZE, "method": "ping"},
+        {**INITIALIZE, "jsonrpc": "1.0"},
+        {**INITIALIZE, "id": True},
+        {**INITIALIZE, "id": None},
+        {**INITIALIZE, "params": {**INITIALIZE["params"], "protocolVersion": 5}},
+        {**INITIALIZE, "params": {**INITIALIZE["params"], "protocolVersion": "v" * 65}},
+        {**INITIALIZE, "params": {**INITIALIZE["params"], "capabilities": []}},
+        {**INITIALIZE, "params": {**INITIALIZE["params"], "clientInfo": {"name": "t"}}},
+        {key: value for key, value in INITIALIZE.items() if key != "params"},
+    ],
+)
+def test_only_a_well_formed_initialize_is_answered_early(message: dict[str, Any]) -> None:
+    assert parse_initialize(json.dumps(message)) is None
+    assert parse_initialize(json.dumps(INITIALIZE)) is not None
+
+
+def test_only_the_answer_to_the_watched_request_is_held_back() -> None:
+    assert parse_response('{"jsonrpc":"2.0","id":1,"result":{"a":1}}', 1) == (True, {"a": 1})
+    assert parse_response('{"jsonrpc":"2.0","id":1,"error":{"code":-1,"message":"x"}}', 1) == (True, None)
+    assert parse_response('{"jsonrpc":"2.0","id":2,"result":{}}', 1) == (False, None)
+    assert parse_response('{"jsonrpc":"2.0","id":1,"method":"ping"}', 1) == (False, None)
+    assert parse_response("not json", 1) == (False, None)
+
+
+def test_recorded_answers_are_keyed_by_identity_and_protocol_version(tmp_path: Path) -> None:
+    answers = RecordedAnswers(tmp_path / "initialize", ["code-sandbox", "1", "2", "text"])
+    answers.put("2025-06-18", {"instructions": "text"})
+    assert answers.get("2025-06-18") == {"instructions": "text"}
+    assert answers.get("2025-03-26") is None
+    assert RecordedAnswers(tmp_path / "initialize", ["code-sandbox", "1", "2", "other"]).get("2025-06-18") is None
+    [path] = (tmp_path / "initialize").iterdir()
+    assert path.stat().st_mode & 0o777 == 0o600 and (tmp_path / "initialize").stat().st_mode & 0o777 == 0o700
