@@ -23,7 +23,7 @@ from code_sandbox.execution import RunResult, run_program
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import Refusal, RunAnswer, RunRequest
-from code_sandbox.transport import ChannelTransport, HelperCrash, StderrSink
+from code_sandbox.transport import CLOSED_KEPT, ChannelTransport, HelperCrash, StderrSink, Target
 from code_sandbox.workspace import delete_files, digest_file, list_files, read_file, write_files
 
 from tests.support.memory_transport import MemorySandboxes, run_answer
@@ -300,3 +300,37 @@ def test_stdout_after_the_answer_or_stderr_after_the_end_marker_is_out_of_protoc
             with pytest.raises(SandboxError) as caught:
                 _AnswerReader(DockerEngine(), profile).answer(HeldExec(host, host), lambda _line: None)
             assert caught.value.code == ErrorCode.TRANSFER_FAILED
+
+
+class _HelloEngine(DockerEngine):
+    """An engine whose held execs of a channel are socket pairs whose far end has said a channel's hello; the
+    supervisor's never opens (it is not the subject)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends: list[socket.socket] = []
+
+    def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
+        if "--supervise" in argv:
+            raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "not in this test")
+        host, helper = socket.socketpair()
+        self.ends += [host, helper]
+        helper.sendall(_frame(1, b'{"ok":true,"pid":7}\n'))
+        return HeldExec(host, host)
+
+
+def test_a_channel_for_a_closed_container_is_refused_and_only_recent_closes_are_remembered(profile: Profile) -> None:
+    engine = _HelloEngine()
+    transport = ChannelTransport(engine, profile)
+    try:
+        containers = [f"c{index}" for index in range(CLOSED_KEPT + 1)]
+        for container in containers:
+            transport.close(container)
+        with pytest.raises(SandboxError) as caught:
+            transport.prepare(Target(containers[-1], "1000:1000"))  # an opener that finished after the close
+        assert caught.value.code == ErrorCode.CONTAINER_UNAVAILABLE
+        transport.prepare(Target(containers[0], "1000:1000"))  # forgotten: the memory of closes stays bounded
+    finally:
+        transport.close_all()
+        for end in engine.ends:
+            end.close()

@@ -8,13 +8,15 @@ from collections.abc import AsyncGenerator
 from functools import partial
 
 import anyio
+import anyio.to_thread
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.execution import run_entrypoint
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, user_of
+from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER, PROBE_UID, ContainerRequest, user_of
+from code_sandbox.pool import CLAIM_SIGNAL, POOL_MARGIN_SECONDS, POOL_RETRY_SECONDS
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import ReadyAnswer
-from code_sandbox.sessions import CLAIM_SIGNAL, POOL_MARGIN_SECONDS, POOL_RETRY_SECONDS, SessionManager
+from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.transport import DockerTransport, Target
 from code_sandbox.workspace import write_files
@@ -163,3 +165,22 @@ def test_an_unclaimed_warm_container_dies_by_itself_and_a_claim_gives_a_full_lif
     engine.signal_container(claimed, CLAIM_SIGNAL)
     stopped_at = _wait_until_stopped(engine, claimed, claimed_at + session_seconds + 3)
     assert stopped_at - claimed_at >= session_seconds - 0.5  # and it had its full session lifetime from the claim
+
+
+async def test_a_create_while_the_first_warm_container_gets_ready_waits_for_it_rather_than_starting_another(
+    engine: DockerEngine, profile: Profile, image_id: str
+) -> None:
+    manager = SessionManager(engine, profile, SETTINGS)
+    mine = f"{LABEL_OWNER}={manager.owner}"
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(manager.run_pool)
+            with anyio.fail_after(30):
+                while not (warming := await anyio.to_thread.run_sync(engine.list_containers, mine)):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            assert not manager.warm_containers  # started, not ready yet: the state a server just started is in
+            session = await manager.create()
+            assert session.container_id == warming[0].id
+            group.cancel_scope.cancel()
+    finally:
+        await manager.shutdown()

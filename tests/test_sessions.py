@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from code_sandbox import sessions
+from code_sandbox import provisioner
 from code_sandbox.engine import ContainerFacts, DaemonFacts, DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
@@ -25,7 +27,8 @@ from code_sandbox.hardening import (
 )
 from code_sandbox.image import VerifiedImages, verify_image
 from code_sandbox.profile import Profile
-from code_sandbox.sessions import Session, SessionManager, require_enforcement
+from code_sandbox.provisioner import require_enforcement
+from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.sweep import judge_container, sweep_managed
 from code_sandbox_cli.main import app
@@ -148,7 +151,7 @@ async def test_a_drawn_uid_that_another_container_carries_is_detected_and_drawn_
 ) -> None:
     taken, free = SANDBOX_UIDS[7], SANDBOX_UIDS[8]
     draws = iter([taken, taken, free])
-    monkeypatch.setattr(sessions, "draw_uid", lambda: next(draws))
+    monkeypatch.setattr(provisioner, "draw_uid", lambda: next(draws))
     first = await manager.create()
     second = await manager.create()
     assert (first.uid, second.uid) == (taken, free)
@@ -298,6 +301,100 @@ async def test_a_failed_removal_is_kept_and_retried_by_destroy_and_by_the_reaper
     assert await manager.destroy(session.id) is False  # a second destroy retries and now succeeds
     assert flaky.attempts == 3 and len(manager) == 0
     assert engine.container_facts(session.container_id) is None
+
+
+class HeldCreate(DockerEngine):
+    """The real engine (same daemon, same labels); container creation waits until the test lets it go, then fails
+    if told to (Docker cannot be made to hold one create open)."""
+
+    def __init__(self, engine: DockerEngine, *, failure: SandboxError | None = None) -> None:
+        super().__init__(timeout=engine.timeout, labels=engine.labels, base_url=engine.base_url)
+        self.verified_images = engine.verified_images
+        self.failure = failure
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def create_container(
+        self, request: ContainerRequest, *, start: bool = True, before_start: Callable[[str], None] | None = None
+    ) -> str:
+        self.entered.set()
+        if not self.go.wait(30):
+            raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "the test never let the create go")
+        if self.failure is not None:
+            raise self.failure
+        return super().create_container(request, start=start, before_start=before_start)
+
+
+async def _entered(held: HeldCreate) -> None:
+    with anyio.fail_after(30):
+        while not held.entered.is_set():  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+async def test_a_session_being_created_holds_its_slot_and_nothing_else_touches_it(
+    manager: SessionManager, engine: DockerEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = HeldCreate(engine)
+    manager.engine = held
+
+    def the_known_id(nbytes: int | None = None) -> str:  # a client learns it only when the create returns
+        del nbytes
+        return "being-created"
+
+    monkeypatch.setattr(secrets, "token_urlsafe", the_known_id)
+    created: list[Session] = []
+
+    async def create() -> None:
+        created.append(await manager.create())
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(create)
+        try:
+            await _entered(held)
+            assert len(manager) == 1  # counted against the cap
+            # Its deadline is 0, so to the reaper it looks expired; it has no container that anything could remove.
+            assert await manager.reap_once() == 0
+            assert await manager.destroy("being-created") is False
+            assert manager.retire("being-created") is None
+            with pytest.raises(SandboxError) as caught:
+                async with manager.lease("being-created"):
+                    pass
+            assert caught.value.code == ErrorCode.INVALID_SESSION
+            assert len(manager) == 1
+        finally:
+            held.go.set()
+    (session,) = created
+    assert (session.id, session.state, len(manager)) == ("being-created", "active", 1)
+    assert engine.container_facts(session.container_id) is not None
+
+
+@pytest.mark.parametrize("how", ["cancelled", "failed"])
+async def test_a_create_that_is_cancelled_or_fails_leaves_neither_a_placeholder_nor_a_container(
+    manager: SessionManager, engine: DockerEngine, how: str
+) -> None:
+    before = {c.id for c in worker_containers(engine)}
+    held = HeldCreate(engine, failure=SandboxError(ErrorCode.CONTAINER_START_FAILED, "x") if how == "failed" else None)
+    manager.engine = held
+    refused: list[str] = []
+
+    async def create() -> None:
+        try:
+            await manager.create()
+        except SandboxError as error:
+            refused.append(error.code)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(create)
+        try:
+            await _entered(held)
+            assert len(manager) == 1
+            if how == "cancelled":
+                group.cancel_scope.cancel()  # lands while the container is being made: it is made, then removed
+        finally:
+            held.go.set()
+    assert refused == ([ErrorCode.CONTAINER_START_FAILED] if how == "failed" else [])
+    assert len(manager) == 0
+    assert {c.id for c in worker_containers(engine)} == before
 
 
 async def test_shutdown_removes_every_session(manager: SessionManager, engine: DockerEngine) -> None:
@@ -482,7 +579,7 @@ async def test_an_image_verified_by_one_server_is_trusted_by_the_next_through_th
         verifications.append(profile.name)
         return verify_image(engine, profile)
 
-    monkeypatch.setattr(sessions, "verify_image", counting_verify)
+    monkeypatch.setattr(provisioner, "verify_image", counting_verify)
 
     async def first_create(directory: Path) -> None:
         # A new engine object per "server process": nothing is remembered in memory from the previous one.

@@ -17,12 +17,10 @@ from code_sandbox.handshake import RecordedAnswers, parse_initialize, parse_resp
 from tests.support.run import command_env
 
 CLI = str(Path(sys.executable).parent / "code-sandbox")
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
-}
+PARAMS: dict[str, Any] = {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}
+}  # fmt: skip
+INITIALIZE: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": PARAMS}
 
 
 class RawClient:
@@ -147,10 +145,10 @@ def test_the_start_up_path_imports_neither_the_sdk_nor_dockers_client() -> None:
         {**INITIALIZE, "jsonrpc": "1.0"},
         {**INITIALIZE, "id": True},
         {**INITIALIZE, "id": None},
-        {**INITIALIZE, "params": {**INITIALIZE["params"], "protocolVersion": 5}},
-        {**INITIALIZE, "params": {**INITIALIZE["params"], "protocolVersion": "v" * 65}},
-        {**INITIALIZE, "params": {**INITIALIZE["params"], "capabilities": []}},
-        {**INITIALIZE, "params": {**INITIALIZE["params"], "clientInfo": {"name": "t"}}},
+        {**INITIALIZE, "params": {**PARAMS, "protocolVersion": 5}},
+        {**INITIALIZE, "params": {**PARAMS, "protocolVersion": "v" * 65}},
+        {**INITIALIZE, "params": {**PARAMS, "capabilities": []}},
+        {**INITIALIZE, "params": {**PARAMS, "clientInfo": {"name": "t"}}},
         {key: value for key, value in INITIALIZE.items() if key != "params"},
     ],
 )

@@ -62,6 +62,8 @@ _OPERATIONS: dict[type[Message], str] = {
 StderrSink = Callable[[bytes], None]
 OPEN_SECONDS = 30.0
 """How long a new channel may take to say hello (a runtime start in a loaded container)."""
+CLOSED_KEPT = 4096
+"""How many closed containers a channel transport remembers: far more than can be closed while one opener runs."""
 
 
 class HelperCrash(SandboxError):
@@ -290,7 +292,7 @@ class ChannelTransport(DockerTransport):
         self._channels: dict[Target, tuple[HeldExec, int]] = {}
         self._supervisors: dict[str, HeldExec] = {}
         self._gates: dict[tuple[str, str], threading.Lock] = {}
-        self._closed: set[str] = set()
+        self._closed: dict[str, None] = {}
         """Containers closed (being removed): a channel that an opener finishes for one of them is closed at once."""
         self._lock = threading.Lock()
 
@@ -300,7 +302,7 @@ class ChannelTransport(DockerTransport):
 
     def close(self, container: str) -> None:
         with self._lock:
-            self._closed.add(container)
+            self._remember_closed([container])
             self._gates.pop(("channel", container), None)
             self._gates.pop(("supervisor", container), None)
             targets = [target for target in self._channels if target.container == container]
@@ -337,6 +339,15 @@ class ChannelTransport(DockerTransport):
                 self._supervisor(container)
 
         threading.Thread(target=open_quietly, name="code-sandbox supervisor", daemon=True).start()
+
+    def _remember_closed(self, containers: Iterable[str]) -> None:
+        """Note containers as closed (the caller holds the lock). Only the latest are kept: the note matters while an
+        opener that started before the close may still finish, which is at most :data:`OPEN_SECONDS`."""
+        for container in containers:
+            self._closed.pop(container, None)
+            self._closed[container] = None
+        for oldest in list(self._closed)[: max(0, len(self._closed) - CLOSED_KEPT)]:
+            del self._closed[oldest]
 
     def _gate(self, key: tuple[str, str]) -> threading.Lock:
         """One opener at a time per channel, so that two callers never open two of them."""
@@ -433,8 +444,7 @@ class ChannelTransport(DockerTransport):
         """Close every channel (the server is shutting down; the containers go with it)."""
         with self._lock:
             targets, containers = list(self._channels), list(self._supervisors)
-            self._closed.update(target.container for target in targets)
-            self._closed.update(containers)
+            self._remember_closed([*(target.container for target in targets), *containers])
         for target in targets:
             self._drop(target)
         for container in containers:

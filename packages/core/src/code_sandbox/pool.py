@@ -1,0 +1,151 @@
+"""The warm pool: containers started ahead of demand, each handed out at most once, refilled in the background."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hardening import user_of
+from code_sandbox.provisioner import Provisioner, run_sync
+from code_sandbox.transport import Target
+
+logger = logging.getLogger(__name__)
+
+CLAIM_SIGNAL = "SIGUSR2"
+"""Tells a warm container's watchdog that it now serves a session (see the profile's watchdog helper)."""
+POOL_MARGIN_SECONDS = 10
+"""A warm container is not handed out this close to the end of its unclaimed lifetime."""
+POOL_RETRY_SECONDS = 5.0
+CLAIM_WAIT_SECONDS = 2.0
+"""How long a claim waits for a warm container that is getting ready before the caller starts one of its own."""
+
+
+@dataclass(frozen=True)
+class _Pooled:
+    """A warm container, started and unclaimed."""
+
+    container_id: str
+    uid: int
+    usable_until: float  # monotonic; after it the container is about to die by itself
+
+
+class WarmPool:
+    """Keeps ``warm_pool`` started containers of one server process ready to be claimed."""
+
+    def __init__(self, provisioner: Provisioner, clock: Callable[[], float]) -> None:
+        self.provisioner = provisioner
+        self.clock = clock
+        """Seconds on a monotonic clock; a warm container's deadline is measured with it."""
+        self._pool: list[_Pooled] = []
+        self._warming: set[str] = set()  # created for the pool, not yet ready
+        self._getting_ready = 0  # containers being created or readied for the pool, the ones without an ID too
+        self._pool_changed = anyio.Event()
+        self._closing = False
+
+    async def claim(self, wait: float = CLAIM_WAIT_SECONDS) -> tuple[str, int] | None:
+        """Hand out a warm container, at most once: its watchdog switches to the session's lifetime from now.
+
+        When none is ready but one is getting ready (a server that was just started), wait up to ``wait`` seconds
+        for it: taking it is cheaper than starting another beside it.
+        """
+        with anyio.move_on_after(wait):
+            while not self._pool and self._getting_ready and not self._closing:  # noqa: ASYNC110 - no event says "ready or failed"
+                await anyio.sleep(0.01)
+        while self._pool:
+            pooled = self._pool.pop(0)
+            self._pool_changed.set()
+            if self.clock() >= pooled.usable_until:
+                await self.provisioner.discard(pooled.container_id)
+                continue
+            try:
+                await run_sync(self.provisioner.engine.signal_container, pooled.container_id, CLAIM_SIGNAL)
+            except SandboxError:
+                await self.provisioner.discard(pooled.container_id)
+                continue
+            return pooled.container_id, pooled.uid
+        return None
+
+    async def run(self, retry_seconds: float = POOL_RETRY_SECONDS) -> None:
+        """Keep ``warm_pool`` started containers ready, refilling in the background; never blocks a call.
+
+        Woken by every change to the pool, and at least every ``retry_seconds`` to retry a failed refill and to
+        replace warm containers that are about to go stale.
+        """
+        target = self.provisioner.settings.warm_pool
+        if target == 0:
+            return
+        pool_seconds = self.provisioner.settings.max_lifetime
+        while True:
+            now = self.clock()
+            for stale in [p for p in self._pool if now >= p.usable_until]:
+                self._pool.remove(stale)
+                await self.provisioner.discard(stale.container_id)
+            try:
+                while len(self._pool) + len(self._warming) < target and not self._closing:
+                    await self._add_warm_container(pool_seconds)
+            except SandboxError as error:
+                logger.warning("the warm pool could not be refilled (%s); retrying", error.code)
+            self._pool_changed = anyio.Event()
+            with anyio.move_on_after(retry_seconds):
+                await self._pool_changed.wait()
+
+    async def _add_warm_container(self, pool_seconds: int) -> None:
+        self._getting_ready += 1
+        try:
+            await self._make_warm_container(pool_seconds)
+        finally:
+            self._getting_ready -= 1
+
+    async def _make_warm_container(self, pool_seconds: int) -> None:
+        # Known from the moment it exists, so that a shutdown drains it even while it is still getting ready.
+        container_id, uid = "", 0
+        with anyio.CancelScope(shield=True):
+            container_id, uid = await self.provisioner.create_container("pool", pool_seconds=pool_seconds)
+            self._warming.add(container_id)
+        try:
+            ready = await self.provisioner.watchdog_ready(container_id, uid)
+            if ready and not self._closing:
+                # The channels open now, so that the session that claims this container does not wait for them.
+                # Still "warming" meanwhile: a shutdown now must find it and remove it.
+                try:
+                    await run_sync(self.provisioner.transport.prepare, Target(container_id, user_of(uid)))
+                except SandboxError:
+                    ready = False
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.provisioner.discard(container_id)
+            raise
+        finally:
+            self._warming.discard(container_id)
+        if not ready or self._closing:
+            with anyio.CancelScope(shield=True):
+                await self.provisioner.discard(container_id)
+            if not self._closing:  # else it failed because the shutdown removed it: nothing to report
+                raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "a warm container did not get ready")
+            return
+        self._pool.append(_Pooled(container_id, uid, self.clock() + pool_seconds - POOL_MARGIN_SECONDS))
+        self._pool_changed.set()
+
+    @property
+    def warm_containers(self) -> tuple[str, ...]:
+        """The container IDs waiting in the warm pool (core-internal, like every container ID)."""
+        return tuple(pooled.container_id for pooled in self._pool)
+
+    async def wait_for_pool(self) -> None:
+        """Wait until the warm pool is full (benchmarks and tests use it to measure a warm hand-out)."""
+        while len(self._pool) < self.provisioner.settings.warm_pool:
+            await self._pool_changed.wait()
+
+    def close(self) -> list[str]:
+        """Stop refilling (what is being created now is discarded once ready) and hand over :meth:`drain`'s list."""
+        self._closing = True
+        return self.drain()
+
+    def drain(self) -> list[str]:
+        """Empty the pool; returns its containers and those still warming, for the caller to remove."""
+        pooled, self._pool = [entry.container_id for entry in self._pool], []
+        return [*pooled, *self._warming]

@@ -1,0 +1,215 @@
+"""Container provisioning: the verified image, hardened containers with a freshly drawn sandbox uid, and their removal.
+
+Every container a session or the warm pool gets is made here; nothing here knows which of the two it is for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+
+from code_sandbox.engine import DaemonFacts, DockerEngine
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hardening import (
+    LABEL_EXPIRES_AT,
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    LABEL_PROFILE,
+    LABEL_SESSION,
+    LABEL_UID,
+    SANDBOX_UIDS,
+    ContainerRequest,
+    user_of,
+)
+from code_sandbox.image import VerifiedImages, verification_key, verify_image
+from code_sandbox.profile import Profile
+from code_sandbox.protocol import ReadyAnswer
+from code_sandbox.settings import Settings
+from code_sandbox.transport import Target, Transport
+
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+WATCHDOG_GRACE_SECONDS = 2
+"""The container outlives the host-side deadline by this much, so the host always expires a session first."""
+WATCHDOG_READY_SECONDS = 10.0
+"""How long a new container's watchdog may take to get ready for its claim signal."""
+UID_ATTEMPTS = 5
+"""A uid already labelled on another live container is given up and another one drawn, this many times."""
+
+
+async def run_sync(function: Callable[..., _T], *args: object, abandon: bool = False) -> _T:
+    """Call a blocking (Docker) function in a worker thread, so that one slow call never stalls another session."""
+    return await anyio.to_thread.run_sync(function, *args, abandon_on_cancel=abandon)
+
+
+def draw_uid() -> int:
+    """A sandbox uid drawn at random from the range; collisions are caught by the label check, not avoided here."""
+    return SANDBOX_UIDS[secrets.randbelow(len(SANDBOX_UIDS))]
+
+
+class Provisioner:
+    """Makes and discards the containers of one server process."""
+
+    def __init__(
+        self,
+        engine: DockerEngine,
+        profile: Profile,
+        settings: Settings,
+        *,
+        owner: str,
+        transport: Transport,
+        verified: VerifiedImages | None,
+    ) -> None:
+        self.engine = engine
+        self.profile = profile
+        self.settings = settings
+        self.owner = owner
+        """This server process; labels every container made from now on."""
+        self.transport = transport
+        """How calls reach the helpers inside the sandboxes."""
+        self.verified = verified
+        """Image verifications that earlier server processes recorded (the state directory), if any."""
+        self._image_lock = anyio.Lock()
+        self._starting: set[str] = set()  # created, not yet handed to a session or the pool (set by a worker thread)
+
+    @property
+    def starting(self) -> list[str]:
+        """Containers created and not yet handed over: a shutdown meanwhile must remove them itself."""
+        return [*self._starting]
+
+    async def create_container(self, label_session: str, *, pool_seconds: int | None = None) -> tuple[str, int]:
+        """Create and start a hardened container whose watchdog enforces the session's hard lifetime.
+
+        With ``pool_seconds`` the container waits in the warm pool: it dies by itself after that long unless a
+        claim moves its deadline to a full session lifetime from the moment of the claim. Returns the container
+        ID and the sandbox uid it was given.
+        """
+        image_id = await self._verified_image_id()
+        daemon = await run_sync(self.engine.daemon_facts)
+        require_enforcement(daemon)
+        session_seconds = self.settings.max_lifetime + WATCHDOG_GRACE_SECONDS
+        watchdog = [*self.profile.helper_argv("watchdog")]
+        # The label is written before the create call, and the container may start as late as the engine's
+        # timeout after it: the margin keeps another server's sweep from taking a live session for expired.
+        latest_end = int(time.time()) + session_seconds + self.engine.timeout
+        if pool_seconds is None:
+            watchdog.append(str(session_seconds))
+        else:
+            watchdog += [str(pool_seconds), str(session_seconds)]
+            latest_end += pool_seconds  # claimed at the last moment
+        for _attempt in range(UID_ATTEMPTS):
+            uid = draw_uid()
+            request = ContainerRequest(
+                image_id=image_id,
+                command=watchdog,
+                labels={
+                    LABEL_MANAGED: "true",
+                    LABEL_OWNER: self.owner,
+                    LABEL_PROFILE: self.profile.name,
+                    LABEL_EXPIRES_AT: str(latest_end),
+                    LABEL_SESSION: label_session,
+                    LABEL_UID: str(uid),
+                },
+                apparmor=daemon.apparmor,
+                uid=uid,
+            )
+            try:
+                container_id = await run_sync(
+                    partial(self.engine.create_container, request, before_start=partial(self._before_start, uid))
+                )
+            except _UidTaken:
+                logger.info("a drawn sandbox uid was in use on this engine; drawing another")
+                continue
+            # Handed over without an await in between: the caller records it as a session's or the pool's.
+            self._starting.discard(container_id)
+            return container_id, uid
+        raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "no free sandbox uid could be found on this engine")
+
+    def _before_start(self, uid: int, container_id: str) -> None:
+        """Called between create and start: record the container, so that a shutdown meanwhile removes it, then
+        fail if any other container on the engine is labelled with ``uid``.
+
+        Two servers that draw the same uid at once both create before they check, so at least one of them sees
+        the other and draws again: a shared uid is detected, never started.
+        """
+        self._starting.add(container_id)
+        holders = self.engine.list_containers(f"{LABEL_UID}={uid}")
+        if any(holder.id != container_id for holder in holders):
+            self._starting.discard(container_id)  # the engine removes it as the error leaves
+            raise _UidTaken
+
+    async def watchdog_ready(self, container_id: str, uid: int) -> bool:
+        """Wait until the watchdog can take its claim signal; claimed any sooner, it would die of it."""
+        ask = partial(self.transport.watchdog_ready, Target(container_id, user_of(uid)), timeout=5)
+        with anyio.move_on_after(WATCHDOG_READY_SECONDS):
+            while True:
+                try:
+                    answer = await run_sync(ask)
+                except SandboxError:
+                    return False
+                if isinstance(answer, ReadyAnswer) and answer.ready:
+                    return True
+                await anyio.sleep(0.02)
+        return False
+
+    async def discard(self, container_id: str) -> None:
+        """Remove a container that no session holds, ignoring failures (its watchdog removes it at worst)."""
+        self.transport.close(container_id)
+        with contextlib.suppress(SandboxError):
+            await run_sync(self.engine.remove_container, container_id, abandon=True)
+
+    async def _verified_image_id(self) -> str:
+        """Resolve the allowlisted tag to its immutable ID; verify each new ID once, like ``verify-image``.
+
+        A pass is remembered by the engine object for this process and, with a state directory, for later server
+        processes too: an image ID names its content, so a verified ID stays verified (for this profile, these
+        checks and this engine; see :func:`verification_key`).
+        """
+        spec = self.profile.image_spec()
+        facts = await run_sync(self.engine.image_facts, spec.tag)
+        if facts is None:
+            raise _image_invalid()
+        verified = (self.profile.name, facts.id)
+        async with self._image_lock:
+            if verified not in self.engine.verified_images:
+                key = await run_sync(verification_key, self.engine, self.profile, facts.id)
+                if self.verified is None or key not in self.verified:
+                    report = await run_sync(verify_image, self.engine, self.profile)
+                    if not report.passed or report.image is None or report.image.id != facts.id:
+                        raise _image_invalid()
+                    if self.verified is not None:
+                        await run_sync(self.verified.add, key)
+                self.engine.verified_images.add(verified)
+        return facts.id
+
+
+class _UidTaken(Exception):
+    """The drawn sandbox uid is labelled on another container of this engine."""
+
+
+def require_enforcement(daemon: DaemonFacts) -> None:
+    """Refuse to start sandboxes on an engine that would silently weaken them."""
+    if daemon.os_type != "linux" or not daemon.seccomp:
+        raise SandboxError(
+            ErrorCode.CONTAINER_UNAVAILABLE,
+            "the Docker engine does not run Linux containers with seccomp enforced; sandboxes are refused "
+            "rather than weakened",
+            hint="use Docker Engine or Docker Desktop with Linux containers and its default seccomp profile",
+        )
+
+
+def _image_invalid() -> SandboxError:
+    return SandboxError(
+        ErrorCode.IMAGE_INVALID,
+        "the sandbox image is missing or failed verification",
+        hint="run `code-sandbox build-image --offline`, then `code-sandbox verify-image`",
+    )
