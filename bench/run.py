@@ -168,7 +168,7 @@ async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]
     samples: dict[str, list[float]] = {name: [] for name in names}
     async with stdio_client(_server_params(warm_pool)) as (read, write), ClientSession(read, write) as client:
         await client.initialize()
-        first = (await client.call_tool("create_sandbox", {})).structured_content or {}
+        first: dict[str, Any] = (await client.call_tool("create_sandbox", {})).structured_content or {}
         await client.call_tool("destroy_sandbox", {"session_id": first["session_id"]})
         for _ in range(iterations):
             await anyio.sleep(1.0 if warm_pool else 0)  # let the pool refill, as between a model's turns
@@ -245,12 +245,24 @@ def _server_rss_kib() -> int:
 
 # -- report ------------------------------------------------------------------------------------------------------
 
+README = Path(__file__).parent.parent / "README.md"
+TABLE_START, TABLE_END = "<!-- bench table: bench/run.py --readme -->\n```text\n", "```\n<!-- end of bench table -->"
+
+
+def write_readme_table(report: list[str]) -> None:
+    """Replace the table between README's markers with this run's."""
+    text = README.read_text()
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    README.write_text(text[:start] + "\n".join(report) + "\n" + text[end:])
+    print(f"table written to {README.name}")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="8 iterations per figure, under a minute")
     parser.add_argument("--iterations", type=int, default=None, help="iterations per figure (default 30)")
     parser.add_argument("--json", type=Path, default=RESULTS / "latest.json", help="where to write the results")
+    parser.add_argument("--readme", action="store_true", help="put the table into README.md (its Performance part)")
     options = parser.parse_args()
     iterations = options.iterations or (8 if options.quick else 30)
 
@@ -294,12 +306,18 @@ def main() -> None:
     for name, (stats, floor_name) in ratios.items():
         rows.append((name, stats, floor_name, stats["p50_ms"] / floor[floor_name]["p50_ms"]))
 
-    print(f"\n{'figure':<36} {'p50 ms':>8} {'p95 ms':>8}  ratio to floor (p50)")
+    report = [f"{'figure':<36} {'p50 ms':>8} {'p95 ms':>8}  ratio to floor (p50)"]
     for name, stats, floor_name, ratio in rows:
         tail = f"{ratio:5.2f}x {floor_name}" if ratio is not None else "(floor)"
-        print(f"{name:<36} {stats['p50_ms']:8.1f} {stats['p95_ms']:8.1f}  {tail}")
-    print(f"\nserver start-up to initialize reply: {cold['spawn to initialize']['p50_ms']:.0f} ms (p50)")
-    print(f"server RSS after {server['calls']:.0f} calls: {server['rss_after_calls_mib']:.1f} MiB")
+        report.append(f"{name:<36} {stats['p50_ms']:8.1f} {stats['p95_ms']:8.1f}  {tail}")
+    report += [
+        "",
+        f"server start-up to initialize reply: {cold['spawn to initialize']['p50_ms']:.0f} ms (p50)",
+        f"server RSS after {server['calls']:.0f} calls: {server['rss_after_calls_mib']:.1f} MiB",
+    ]
+    print("\n" + "\n".join(report))
+    if options.readme:
+        write_readme_table(report)
 
     options.json.parent.mkdir(parents=True, exist_ok=True)
     options.json.write_text(json.dumps({

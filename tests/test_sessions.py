@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 from code_sandbox import provisioner
 from code_sandbox.engine import ContainerFacts, DaemonFacts, DockerEngine
@@ -31,6 +32,7 @@ from code_sandbox.provisioner import require_enforcement
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.sweep import judge_container, sweep_managed
+from code_sandbox.workspace import write_files
 from code_sandbox_cli.main import app
 from typer.testing import CliRunner
 
@@ -603,3 +605,18 @@ async def test_an_image_verified_by_one_server_is_trusted_by_the_next_through_th
     (tmp_path / "state" / key).symlink_to(tmp_path / "other" / key)
     await first_create(tmp_path / "state")
     assert len(verifications) == 3
+
+
+async def test_a_sandbox_not_from_the_pool_has_its_channel_opened_before_its_first_call(
+    manager: SessionManager, engine: DockerEngine
+) -> None:
+    session = await manager.create()
+
+    def commands() -> list[str]:
+        top = engine.api().top(session.container_id)
+        return [row[top["Titles"].index("CMD")] for row in top["Processes"]]
+
+    with anyio.fail_after(15):
+        while not any(command.endswith("--channel") for command in await anyio.to_thread.run_sync(commands)):  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    assert await write_files(manager, session.id, [("a.txt", "x")], overwrite=False) == ["written"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -160,6 +161,17 @@ class Provisioner:
                     return True
                 await anyio.sleep(0.02)
         return False
+
+    def prepare_soon(self, container_id: str, uid: int) -> None:
+        """Open a new container's channels on a thread of their own, so that its first call finds them open (or
+        waits for them, not longer); a failure here is left to that call, which opens them itself."""
+        target = Target(container_id, user_of(uid))
+
+        def prepare_quietly() -> None:
+            with contextlib.suppress(Exception):
+                self.transport.prepare(target)
+
+        threading.Thread(target=prepare_quietly, name="code-sandbox prepare", daemon=True).start()
 
     async def discard(self, container_id: str) -> None:
         """Remove a container that no session holds, ignoring failures (its watchdog removes it at worst)."""

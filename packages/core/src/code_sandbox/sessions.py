@@ -223,10 +223,10 @@ class SessionManager:
         lifetime = self.settings.max_lifetime
         try:
             # Shielded: a cancellation must not lose the ID of a container that was created (or claimed) anyway.
-            container_id, uid = "", 0
+            container_id, uid, claimed = "", 0, None
             with anyio.CancelScope(shield=True):
-                claimed = await self._pool.claim() or await self._provisioner.create_container(session_hash(session_id))
-                container_id, uid = claimed
+                claimed = await self._pool.claim()
+                container_id, uid = claimed or await self._provisioner.create_container(session_hash(session_id))
         except BaseException:
             self._sessions.pop(session_id, None)
             raise
@@ -239,6 +239,8 @@ class SessionManager:
             with anyio.CancelScope(shield=True):
                 await self._destroy_quietly(session)
             raise
+        if claimed is None:  # a warm container's channels are open already
+            self._provisioner.prepare_soon(container_id, uid)
         logger.info("session %s created", session.hash)
         return session
 

@@ -5,7 +5,8 @@ Start-up is ordered for a client that launches the server and calls at once. std
 (fd 0 then reads the null device and fd 1 writes to stderr, so nothing but JSON-RPC can reach the wire). Then three
 things happen side by side: a recorded ``initialize`` answer goes out as soon as the request arrives
 (:mod:`code_sandbox.handshake`), the sandbox service starts and the warm pool fills, and the MCP SDK loads on a
-worker thread. This module imports neither the SDK nor Docker's client at the top for that reason.
+worker thread once Docker's client has (both loads are mostly CPU under one GIL; the service's comes first, so that
+the pool fills while the SDK loads). This module imports neither at the top for that reason.
 """
 
 from __future__ import annotations
@@ -203,9 +204,11 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
                 sdk.append(await anyio.to_thread.run_sync(_load_sdk))
                 sdk_loaded.set()
 
-            group.start_soon(load_sdk)
+            # One after the other: both are mostly CPU-bound imports under one GIL, and the service's are the few
+            # that let the warm pool start filling while the SDK's load.
             service = await anyio.to_thread.run_sync(_build_service, settings, profile)
             services.append(service)
+            group.start_soon(load_sdk)
             async with service.running():
                 await sdk_loaded.wait()
                 await greeted.wait()
