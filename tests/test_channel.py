@@ -334,3 +334,21 @@ def test_a_channel_for_a_closed_container_is_refused_and_only_recent_closes_are_
         transport.close_all()
         for end in engine.ends:
             end.close()
+
+
+def test_prepare_opens_a_targets_first_channel_only(profile: Profile) -> None:
+    engine = _HelloEngine()
+    transport = ChannelTransport(engine, profile)
+    target = Target("c", "1000:1000")
+    try:
+        transport.prepare(target)
+        transport.prepare(target)  # open already: nothing more
+        assert len(engine.ends) == 2
+        with pytest.raises(SandboxError):
+            transport.kill_all(target, timeout=1)  # drops the channel (the kill itself finds no such container)
+        transport.prepare(target)  # a late prepare must not reopen what was dropped: the next call does that
+        assert len(engine.ends) == 2
+    finally:
+        transport.close_all()
+        for end in engine.ends:
+            end.close()

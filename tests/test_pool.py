@@ -12,11 +12,19 @@ import anyio.to_thread
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.execution import run_entrypoint
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER, PROBE_UID, ContainerRequest, user_of
+from code_sandbox.hardening import (
+    LABEL_EXPIRES_AT,
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    LABEL_SESSION,
+    PROBE_UID,
+    ContainerRequest,
+    user_of,
+)
 from code_sandbox.pool import CLAIM_SIGNAL, POOL_MARGIN_SECONDS, POOL_RETRY_SECONDS
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import ReadyAnswer
-from code_sandbox.sessions import SessionManager
+from code_sandbox.sessions import SessionManager, session_hash
 from code_sandbox.settings import Settings
 from code_sandbox.transport import DockerTransport, Target
 from code_sandbox.workspace import write_files
@@ -184,3 +192,14 @@ async def test_a_create_while_the_first_warm_container_gets_ready_waits_for_it_r
             group.cancel_scope.cancel()
     finally:
         await manager.shutdown()
+
+
+async def test_once_the_pool_was_filled_a_create_during_a_refill_starts_its_own_container(
+    pooled_manager: SessionManager, engine: DockerEngine
+) -> None:
+    (warm,) = pooled_manager.warm_containers
+    first = await pooled_manager.create()  # the pool refills from now on
+    second = await pooled_manager.create()
+    assert first.container_id == warm
+    facts = await anyio.to_thread.run_sync(engine.container_facts, second.container_id)
+    assert facts is not None and facts.labels[LABEL_SESSION] == session_hash(second.id)  # not a pool container

@@ -257,7 +257,10 @@ async def test_execute_checks_everything_first_then_sends_files_and_run_as_one_r
         assert error_code(await client.call_tool("execute_javascript", bad_path)) == "PATH_TRAVERSAL"
         bad_entry = {"files": [{"path": "a.mjs", "content": "x"}], "entrypoint": "a.py"}
         assert error_code(await client.call_tool("execute_javascript", bad_entry)) == "INVALID_PATH"
-        assert recorder.operations == ["execute"]  # refused before any sandbox was taken
+        missing_entry = {"files": [{"path": "a.mjs", "content": "x"}], "entrypoint": "b.mjs"}
+        assert error_code(await client.call_tool("execute_javascript", missing_entry)) == "INVALID_REQUEST"
+        assert ok(await client.call_tool("execute_javascript", arguments))["stdout"] == "42\n"
+        assert recorder.operations == ["execute", "execute"]  # the others were refused before a sandbox was taken
         await none_of_mine(engine)
 
 

@@ -620,3 +620,10 @@ async def test_a_sandbox_not_from_the_pool_has_its_channel_opened_before_its_fir
         while not any(command.endswith("--channel") for command in await anyio.to_thread.run_sync(commands)):  # noqa: ASYNC110
             await anyio.sleep(0.05)
     assert await write_files(manager, session.id, [("a.txt", "x")], overwrite=False) == ["written"]
+
+
+async def test_a_manager_that_shut_down_starts_no_more_sandboxes(manager: SessionManager) -> None:
+    await manager.shutdown()
+    with pytest.raises(SandboxError) as caught:
+        await manager.create()
+    assert caught.value.code == ErrorCode.CONTAINER_UNAVAILABLE and len(manager) == 0

@@ -4,6 +4,7 @@ has loaded, and the modules the start-up path may import before it answers."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -165,11 +166,50 @@ def test_only_the_answer_to_the_watched_request_is_held_back() -> None:
     assert parse_response("not json", 1) == (False, None)
 
 
+ANSWER = {"protocolVersion": "2025-06-18", "instructions": "text"}
+
+
 def test_recorded_answers_are_keyed_by_identity_and_protocol_version(tmp_path: Path) -> None:
     answers = RecordedAnswers(tmp_path / "initialize", ["code-sandbox", "1", "2", "text"])
-    answers.put("2025-06-18", {"instructions": "text"})
-    assert answers.get("2025-06-18") == {"instructions": "text"}
+    answers.put("2025-06-18", ANSWER)
+    assert answers.get("2025-06-18") == ANSWER
     assert answers.get("2025-03-26") is None
     assert RecordedAnswers(tmp_path / "initialize", ["code-sandbox", "1", "2", "other"]).get("2025-06-18") is None
     [path] = (tmp_path / "initialize").iterdir()
     assert path.stat().st_mode & 0o777 == 0o600 and (tmp_path / "initialize").stat().st_mode & 0o777 == 0o700
+
+
+def test_only_an_answer_the_sdk_agreed_to_is_recorded(tmp_path: Path) -> None:
+    answers = RecordedAnswers(tmp_path / "initialize", ["x"])
+    answers.put("1999-01-01", {**ANSWER})  # the SDK answered another version: a client's invention, not recorded
+    answers.put("2025-06-18", {**ANSWER, "n": float("nan")})  # not JSON
+    assert not (tmp_path / "initialize").exists() or not list((tmp_path / "initialize").iterdir())
+
+
+def test_a_record_that_is_a_fifo_not_json_or_in_a_shared_directory_reads_as_none(tmp_path: Path) -> None:
+    directory = tmp_path / "initialize"
+    answers = RecordedAnswers(directory, ["x"])
+    answers.put("2025-06-18", ANSWER)
+    [path] = directory.iterdir()
+    path.write_text('{"protocolVersion": NaN}')
+    assert answers.get("2025-06-18") is None
+    path.unlink()
+    os.mkfifo(path, 0o600)  # opened blocking, this would hang the server's start
+    assert answers.get("2025-06-18") is None
+    path.unlink()
+    answers.put("2025-06-18", ANSWER)
+    directory.chmod(0o770)
+    assert answers.get("2025-06-18") is None
+    directory.chmod(0o700)
+    assert answers.get("2025-06-18") == ANSWER
+
+
+@pytest.mark.docker
+def test_an_early_answered_initialize_that_the_sdk_refuses_ends_the_connection(tmp_path: Path) -> None:
+    session(tmp_path)  # records the answer
+    client = RawClient(tmp_path, verbose=True)
+    # Passes our check (the fields the spec requires are there) but not the SDK's: a capability of the wrong type.
+    client.send({**INITIALIZE, "params": {**PARAMS, "capabilities": {"roots": True}}})
+    assert client.receive()["result"]["serverInfo"]["name"] == "code-sandbox"  # answered from the record
+    assert client.process.wait(timeout=30) == 0  # then the connection ends rather than go on half-agreed
+    assert "refused an initialize that was answered early" in client.finish()

@@ -7,13 +7,16 @@ results, limits, timeouts, cancellation, cleanup, and the basic confinement seen
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import anyio
 import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
 from code_sandbox.limits import OUTPUT_CAP_BYTES
+from code_sandbox.protocol import ExecuteRequest, Refusal, RunRequest
 from code_sandbox.sessions import SessionManager
+from code_sandbox.transport import Target
 from code_sandbox.workspace import PreparedWrite, delete_files, list_files, prepare_write, read_file, write_files
 
 from tests.conformance.programs import Programs
@@ -185,9 +188,30 @@ async def test_a_one_shot_whose_write_is_refused_runs_nothing(sandboxes: Session
     # A path no honest host sends (the host's own check would refuse it first): the helper refuses the write.
     files = PreparedWrite(checked.request, [*checked.files, ("../escape.txt", b"out")])
     program = prepare_program(sandboxes, name, [], timeout_seconds=10)
-    with pytest.raises(SandboxError) as caught:
-        await run_prepared(sandboxes, session.id, program, files=files)
-    assert caught.value.code in (ErrorCode.PATH_TRAVERSAL, ErrorCode.INVALID_PATH)
+    run = RunRequest(argv=program.argv, timeout_ms=10_000, stdout_cap=1024, stderr_cap=1024, stream=False)
+    call = partial(
+        sandboxes.transport.execute,
+        Target(session.container_id, session.user),
+        ExecuteRequest(write=files.request, run=run),
+        payload=files.payload(),
+        timeout=30,
+    )
+    answer = await anyio.to_thread.run_sync(call)
+    assert isinstance(answer, Refusal) and answer.code in ("PATH_TRAVERSAL", "INVALID_PATH")
     with pytest.raises(SandboxError) as missing:
         await read_file(sandboxes, session.id, "out/result.txt", max_bytes=100)  # on a channel opened anew
     assert missing.value.code == ErrorCode.NOT_FOUND
+
+
+async def test_a_one_shot_refused_by_its_helper_destroys_its_sandbox(
+    sandboxes: SessionManager, programs: Programs
+) -> None:
+    session = await sandboxes.create()
+    name = f"program{programs.suffix}"
+    checked = prepare_write([(name, programs.make_file)], overwrite=False)
+    files = PreparedWrite(checked.request, [*checked.files, ("../escape.txt", b"out")])
+    program = prepare_program(sandboxes, name, [], timeout_seconds=10)
+    with pytest.raises(SandboxError) as caught:
+        await run_prepared(sandboxes, session.id, program, files=files)
+    assert caught.value.code in (ErrorCode.PATH_TRAVERSAL, ErrorCode.INVALID_PATH)
+    assert "destroyed" in caught.value.message and len(sandboxes) == 0

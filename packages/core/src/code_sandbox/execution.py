@@ -43,7 +43,7 @@ from code_sandbox.protocol import (
 )
 from code_sandbox.relay import OutputSink, Progress, supervise
 from code_sandbox.sessions import SessionManager
-from code_sandbox.workspace import HELPER_TIMEOUT_SECONDS, PreparedWrite, check_file_reply, is_file_refusal
+from code_sandbox.workspace import PreparedWrite, check_file_reply, file_refusal_error, is_file_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +89,9 @@ def validate_arguments(arguments: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Program:
-    """A checked run: the argv the profile built for the entrypoint, and the timeout."""
+    """A checked run: the entrypoint's workspace path, the argv the profile built for it, and the timeout."""
 
+    entrypoint: str
     argv: list[str]
     timeout_seconds: int
 
@@ -104,7 +105,7 @@ def prepare_program(
     if not 1 <= timeout <= settings.max_timeout:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")
     path = validate_entrypoint(entrypoint, manager.profile.info.entrypoint_suffixes)
-    return Program(manager.profile.build_run_argv(path, validate_arguments(arguments)), timeout)
+    return Program(path, manager.profile.build_run_argv(path, validate_arguments(arguments)), timeout)
 
 
 async def run_entrypoint(
@@ -166,7 +167,7 @@ async def run_program(
         stream=output is not None,
     )
     finished = threading.Event()
-    host_timeout = timeout + HOST_GRACE_SECONDS + (HELPER_TIMEOUT_SECONDS if files is not None else 0)
+    host_timeout = timeout + HOST_GRACE_SECONDS + (files.seconds if files is not None else 0)
 
     def call(on_stderr: Callable[[bytes], None] | None) -> RunAnswer | ExecuteAnswer | Refusal:
         transport, target = channel.transport, channel.target
@@ -222,7 +223,8 @@ async def _run_half(
     if files is None:
         return None if isinstance(answer, ExecuteAnswer) else answer
     if isinstance(answer, Refusal) and is_file_refusal(answer):
-        await check_file_reply(channel, answer, None)  # raises
+        # A one-shot's sandbox is discarded anyway, and its channel ended with the refusal: destroy it now.
+        raise await channel.fail_closed(file_refusal_error(answer))
     if not isinstance(answer, ExecuteAnswer):
         return None if isinstance(answer, RunAnswer) else answer
     written = await check_file_reply(channel, answer.written, len(files.files))

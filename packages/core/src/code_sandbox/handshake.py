@@ -65,7 +65,7 @@ def parse_response(line: str, request_id: RequestId) -> tuple[bool, dict[str, An
 def answer_line(request_id: RequestId, result: dict[str, Any]) -> bytes:
     """A JSON-RPC answer, one line, as the SDK writes one."""
     message = {"jsonrpc": "2.0", "id": request_id, "result": result}
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode() + b"\n"
 
 
 def build_identity(instructions: str) -> list[str]:
@@ -86,14 +86,25 @@ class RecordedAnswers:
         key = json.dumps([*self._identity, protocol_version]).encode()
         return self.directory / f"{hashlib.sha256(key).hexdigest()[:32]}.json"
 
-    def get(self, protocol_version: str) -> dict[str, Any] | None:
+    def _private_directory(self) -> bool:
+        """Whether the directory is a real one of this user that nobody else can write."""
         try:
-            fd = os.open(self._path(protocol_version), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            facts = os.lstat(self.directory)
+        except OSError:
+            return False
+        return stat.S_ISDIR(facts.st_mode) and facts.st_uid == os.geteuid() and not facts.st_mode & 0o022
+
+    def get(self, protocol_version: str) -> dict[str, Any] | None:
+        if not self._private_directory():
+            return None
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self._path(protocol_version), flags)  # non-blocking: a FIFO planted here cannot hang us
         except OSError:
             return None
         try:
             facts = os.fstat(fd)
-            if not stat.S_ISREG(facts.st_mode) or facts.st_uid != os.getuid() or facts.st_size > MAX_ANSWER_BYTES:
+            if not stat.S_ISREG(facts.st_mode) or facts.st_uid != os.geteuid() or facts.st_size > MAX_ANSWER_BYTES:
                 return None
             text = os.read(fd, MAX_ANSWER_BYTES + 1).decode("utf-8", "strict")
         except (OSError, UnicodeDecodeError):
@@ -103,13 +114,22 @@ class RecordedAnswers:
         return _json_object(text)
 
     def put(self, protocol_version: str, result: dict[str, Any]) -> None:
-        data = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
+        """Record the SDK's answer to a request for ``protocol_version``; only for a version the SDK agreed to, so
+        that there is at most one file per version the SDK knows, whatever clients ask for."""
+        if result.get("protocolVersion") != protocol_version:
+            return
+        try:
+            data = json.dumps(result, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        except ValueError:  # not JSON (NaN), so not an answer the SDK sent
+            return
         if len(data) > MAX_ANSWER_BYTES:
             return
         path = self._path(protocol_version)
         partial = path.with_name(f".{secrets.token_hex(8)}.partial")
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not self._private_directory():
+                return
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
                 view = memoryview(data)
@@ -124,10 +144,15 @@ class RecordedAnswers:
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
+    """``text`` as a JSON object; ``None`` for anything else, NaN and Infinity included (not JSON)."""
     try:
-        return _mapping(json.loads(text))
+        return _mapping(json.loads(text, parse_constant=_no_constant))
     except (ValueError, RecursionError):
         return None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
 
 
 def _mapping(value: object) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ POOL_MARGIN_SECONDS = 10
 """A warm container is not handed out this close to the end of its unclaimed lifetime."""
 POOL_RETRY_SECONDS = 5.0
 CLAIM_WAIT_SECONDS = 2.0
-"""How long a claim waits for a warm container that is getting ready before the caller starts one of its own."""
+"""How long a create waits for the first warm container of a server just started before it starts one of its own."""
 
 
 @dataclass(frozen=True)
@@ -45,16 +45,26 @@ class WarmPool:
         self._getting_ready = 0  # containers being created or readied for the pool, the ones without an ID too
         self._pool_changed = anyio.Event()
         self._closing = False
+        self._first_fill = True  # until the first warm container is ready (or failed to get ready)
+        self._waiting = 0
 
-    async def claim(self, wait: float = CLAIM_WAIT_SECONDS) -> tuple[str, int] | None:
-        """Hand out a warm container, at most once: its watchdog switches to the session's lifetime from now.
+    async def wait_for_first_fill(self, wait: float = CLAIM_WAIT_SECONDS) -> None:
+        """In a server just started, wait up to ``wait`` seconds for the first warm container to be ready, if it is
+        being made and no other caller is waiting for it already: taking it then is cheaper than starting another
+        beside it, both competing for the CPU with the server's own start-up. Later, a refill has just begun when a
+        claim finds the pool empty, and a container of the caller's own is ready sooner."""
+        if self._pool or not self._first_fill or self._getting_ready <= self._waiting:
+            return
+        self._waiting += 1
+        try:
+            with anyio.move_on_after(wait):
+                while not self._pool and self._first_fill and self._getting_ready and not self._closing:  # noqa: ASYNC110 - no event says "ready or failed"
+                    await anyio.sleep(0.01)
+        finally:
+            self._waiting -= 1
 
-        When none is ready but one is getting ready (a server that was just started), wait up to ``wait`` seconds
-        for it: taking it is cheaper than starting another beside it.
-        """
-        with anyio.move_on_after(wait):
-            while not self._pool and self._getting_ready and not self._closing:  # noqa: ASYNC110 - no event says "ready or failed"
-                await anyio.sleep(0.01)
+    async def claim(self) -> tuple[str, int] | None:
+        """Hand out a warm container, at most once: its watchdog switches to the session's lifetime from now."""
         while self._pool:
             pooled = self._pool.pop(0)
             self._pool_changed.set()
@@ -99,6 +109,7 @@ class WarmPool:
             await self._make_warm_container(pool_seconds)
         finally:
             self._getting_ready -= 1
+            self._first_fill = False
 
     async def _make_warm_container(self, pool_seconds: int) -> None:
         # Known from the moment it exists, so that a shutdown drains it even while it is still getting ready.

@@ -167,18 +167,6 @@ def _run_counts(counts: Counts, result: RunResult) -> None:
     )
 
 
-def _profile_text(text: str, words: dict[str, Any]) -> str:
-    """A profile's tool text with its limit placeholders (``{memory}``, ``{output_cap}``...) filled in."""
-    try:
-        return text.format_map(words)
-    except (KeyError, ValueError, IndexError, AttributeError):
-        raise SandboxError(
-            ErrorCode.PROFILE_ERROR,
-            "the profile's run tool description has a placeholder that is not a known limit",
-            hint="double literal braces ({{ and }}) in the profile's text",
-        ) from None
-
-
 class SandboxServer(Server[None]):
     """The code-sandbox MCP server for one profile: the SDK's low-level server with our tool table."""
 
@@ -228,7 +216,7 @@ class SandboxServer(Server[None]):
                     _annotations(read_only=True, destructive=False, idempotent=True), self._read),
             ToolDef("delete_files", tool_text.DELETE_FILES.format(**words), DeleteFilesInput, DeleteFilesOutput,
                     _annotations(read_only=False, destructive=True, idempotent=True), self._delete),
-            ToolDef(info.run_tool_name, _profile_text(info.run_tool_description, words), run_model, RunOutput,
+            ToolDef(info.run_tool_name, tool_text.run_tool_description(settings, info), run_model, RunOutput,
                     mutating, self._run),
             ToolDef("destroy_sandbox", tool_text.DESTROY_SANDBOX.format(**words), SessionInput, DestroyOutput,
                     _annotations(read_only=False, destructive=True, idempotent=True), self._destroy),
@@ -332,6 +320,8 @@ class SandboxServer(Server[None]):
         program = prepare_program(
             self.manager, params.entrypoint, params.arguments, timeout_seconds=params.timeout_seconds
         )
+        if program.entrypoint not in (path for path, _data in files.files):
+            raise SandboxError(ErrorCode.INVALID_REQUEST, "the entrypoint must be one of the files")
         session = await self.manager.create()
         counts["session_hash"] = session.hash
         try:

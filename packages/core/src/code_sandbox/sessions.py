@@ -99,6 +99,7 @@ class SessionManager:
         )
         self._pool = WarmPool(self._provisioner, clock)
         self._sessions: dict[str, Session] = {}
+        self._closing = False
 
     # -- what the parts share: one value each, held by the part that uses it, read and replaced here ------------
 
@@ -212,6 +213,8 @@ class SessionManager:
 
     async def create(self) -> Session:
         """Start a new sandbox container from the verified image (or claim a warm one)."""
+        if self._closing:
+            raise _shutting_down()
         if len(self._sessions) >= self.settings.max_sessions:
             raise SandboxError(
                 ErrorCode.SESSION_LIMIT_EXCEEDED,
@@ -222,6 +225,7 @@ class SessionManager:
         self._sessions[session_id] = Session(session_id, "", 0.0, 0.0, self.clock(), state="creating")
         lifetime = self.settings.max_lifetime
         try:
+            await self._pool.wait_for_first_fill()  # cancellable: nothing is held yet but the placeholder
             # Shielded: a cancellation must not lose the ID of a container that was created (or claimed) anyway.
             container_id, uid, claimed = "", 0, None
             with anyio.CancelScope(shield=True):
@@ -235,7 +239,9 @@ class SessionManager:
         self._sessions[session_id] = session
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()
-        except anyio.get_cancelled_exc_class():
+            if self._closing:  # shutdown began while the container was made: it took its list without this one
+                raise _shutting_down()
+        except (anyio.get_cancelled_exc_class(), SandboxError):
             with anyio.CancelScope(shield=True):
                 await self._destroy_quietly(session)
             raise
@@ -368,6 +374,7 @@ class SessionManager:
 
     async def shutdown(self) -> None:
         """Remove every session and warm container of this server, bounded in time."""
+        self._closing = True  # creates from now on are refused
         with anyio.move_on_after(SHUTDOWN_SECONDS, shield=True):
             async with anyio.create_task_group() as group:
                 # The pool filler stops, and discards what it was creating.
@@ -390,3 +397,7 @@ class SessionManager:
                 with contextlib.suppress(Exception):
                     self.engine.remove_container(session.container_id)
                     self._sessions.pop(session.id, None)
+
+
+def _shutting_down() -> SandboxError:
+    return SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the server is shutting down; no new sandbox is started")

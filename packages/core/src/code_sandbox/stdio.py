@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -106,6 +106,9 @@ class Wire:
         self._answers = answers
         self._watch: Initialize | None = None
         self._sent: dict[str, Any] | None = None
+        self.on_disagreement: Callable[[], None] = lambda: None
+        """Called when the SDK did not accept an ``initialize`` answered early: the client and the SDK now disagree
+        about the session, and the connection must end."""
 
     async def send_early(self, request: Initialize, result: dict[str, Any]) -> None:
         """Answer ``request`` now, before the SDK has loaded; its answer will be compared, not sent."""
@@ -119,15 +122,18 @@ class Wire:
     async def write(self, text: str) -> int:
         """The SDK's stdout: called with one JSON-RPC message and its newline at a time."""
         if self._watch is not None:
-            request, sent = self._watch, self._sent
+            # The SDK's first message is its answer to the (replayed) initialize: it handles nothing before it.
+            request, sent, self._watch = self._watch, self._sent, None
             answers, result = parse_response(text, request.id)
-            if answers:
-                self._watch = None
-                if result is not None and result != sent:
-                    await anyio.to_thread.run_sync(self._answers.put, request.protocol_version, result)
-                if sent is not None:
-                    if result != sent:
-                        logger.warning("the recorded initialize answer differed from the SDK's; recorded anew")
+            if answers and result is not None and result != sent:
+                await anyio.to_thread.run_sync(self._answers.put, request.protocol_version, result)
+            if sent is not None:
+                if not answers or result is None:
+                    logger.error("the SDK refused an initialize that was answered early; ending the connection")
+                    self.on_disagreement()
+                elif result != sent:
+                    logger.warning("the recorded initialize answer differed from the SDK's; recorded anew")
+                if answers:
                     return len(text)  # answered already
         await anyio.to_thread.run_sync(self._write_all, text.encode())
         return len(text)
@@ -145,7 +151,7 @@ def claim_stdio() -> tuple[int, int]:
     """Private duplicates of fd 0 and fd 1 for the wire; fd 0 then reads the null device and fd 1 writes to stderr,
     so that nothing else (a library's stray print, a child process) can read the client's messages or corrupt ours.
     """
-    stdin, stdout = os.dup(0), os.dup(1)
+    stdin, stdout = _private_copy(0), _private_copy(1)
     null = os.open(os.devnull, os.O_RDONLY)
     try:
         os.dup2(null, 0)
@@ -160,8 +166,18 @@ def claim_stdio() -> tuple[int, int]:
     return stdin, stdout
 
 
+def _private_copy(fd: int) -> int:
+    """A duplicate above the standard range, so that it cannot become fd 2 when the process has no stderr."""
+    if sys.platform == "win32":
+        return os.dup(fd)
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+
+
 def run_stdio_server(settings: Settings, profile: Profile) -> None:
     """Serve MCP over stdin/stdout until stdin closes or SIGTERM/SIGINT arrives; then remove every sandbox."""
+    tool_text.run_tool_description(settings, profile.info)  # a profile's bad text fails before anything is said
     stdin_fd, stdout_fd = claim_stdio()
     state_dir = default_state_dir()
     answers = RecordedAnswers(state_dir / "initialize", build_identity(tool_text.instructions(settings, profile.info)))
@@ -180,6 +196,7 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
 
             if sys.platform != "win32":  # Windows' event loop has no signal handlers; stdin EOF still ends it
                 group.start_soon(stop_on_signal)
+            wire.on_disagreement = group.cancel_scope.cancel
             first: list[str | None] = []
             greeted = anyio.Event()
 
@@ -188,7 +205,9 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
                 first.append(line)
                 request = parse_initialize(line) if line is not None else None
                 if request is not None:
-                    recorded = await anyio.to_thread.run_sync(answers.get, request.protocol_version)
+                    recorded = await anyio.to_thread.run_sync(
+                        answers.get, request.protocol_version, abandon_on_cancel=True
+                    )
                     if recorded is not None:
                         await wire.send_early(request, recorded)
                         logger.info("initialize answered from the record, before the SDK loaded")
@@ -222,10 +241,12 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
 
     try:
         anyio.run(serve)
-    except BaseExceptionGroup as group:  # one error of ours, raised inside the task group: say it plainly
-        errors = group.exceptions
-        if len(errors) == 1 and isinstance(errors[0], SandboxError):
-            raise errors[0] from None
+    except BaseExceptionGroup as group:  # an error of ours, raised inside the task groups: say it plainly
+        ours = group.subgroup(SandboxError)
+        while ours is not None and isinstance(ours.exceptions[0], BaseExceptionGroup):
+            ours = ours.exceptions[0]
+        if ours is not None:
+            raise ours.exceptions[0] from None
         raise
     finally:
         for service in services:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import WORDS
 
 if TYPE_CHECKING:
@@ -28,6 +29,18 @@ def words(settings: Settings, info: ProfileInfo) -> dict[str, Any]:
         "sessions": settings.max_sessions,
         "max_timeout": settings.max_timeout,
     }
+
+
+def run_tool_description(settings: Settings, info: ProfileInfo) -> str:
+    """The profile's run tool text with its placeholders (``{memory}``, ``{output_cap}``...) filled in."""
+    try:
+        return info.run_tool_description.format_map(words(settings, info))
+    except (KeyError, ValueError, IndexError, AttributeError):
+        raise SandboxError(
+            ErrorCode.PROFILE_ERROR,
+            "the profile's run tool description has a placeholder that is not a known limit",
+            hint="double literal braces ({{ and }}) in the profile's text",
+        ) from None
 
 
 def instructions(settings: Settings, info: ProfileInfo) -> str:

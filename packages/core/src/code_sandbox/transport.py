@@ -293,12 +293,18 @@ class ChannelTransport(DockerTransport):
         self._supervisors: dict[str, HeldExec] = {}
         self._gates: dict[tuple[str, str], threading.Lock] = {}
         self._closed: dict[str, None] = {}
+        self._opened: set[Target] = set()
+        self._shut = False
+        """Set by :meth:`close_all`: from then on no channel is opened or kept, whoever opens it."""
+        """Targets whose channel has been opened at least once (until their container is closed)."""
         """Containers closed (being removed): a channel that an opener finishes for one of them is closed at once."""
         self._lock = threading.Lock()
 
     def prepare(self, target: Target) -> None:
+        """Open the target's first channel (and the supervisor's, on the side); never a later one: a channel that
+        was dropped is opened again only by the next call, after whatever dropped it has been dealt with."""
         with untrusted():
-            self._channel(target)  # and the supervisor's, on the side
+            self._open(target, first_only=True)
 
     def close(self, container: str) -> None:
         with self._lock:
@@ -306,6 +312,7 @@ class ChannelTransport(DockerTransport):
             self._gates.pop(("channel", container), None)
             self._gates.pop(("supervisor", container), None)
             targets = [target for target in self._channels if target.container == container]
+            self._opened = {target for target in self._opened if target.container != container}
         for target in targets:
             self._drop(target)
         self._drop_supervisor(container)
@@ -352,12 +359,14 @@ class ChannelTransport(DockerTransport):
     def _gate(self, key: tuple[str, str]) -> threading.Lock:
         """One opener at a time per channel, so that two callers never open two of them."""
         with self._lock:
+            if self._shut or key[1] in self._closed:  # a late opener: no gate is made again for a closed container
+                raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone")
             return self._gates.setdefault(key, threading.Lock())
 
     def _keep(self, container: str, opened: HeldExec, store: Callable[[], None]) -> HeldExec:
         """Record a channel just opened, unless its container was closed meanwhile (then close it too)."""
         with self._lock:
-            if container in self._closed:
+            if self._shut or container in self._closed:
                 opened.close()
                 raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone")
             store()
@@ -411,9 +420,19 @@ class ChannelTransport(DockerTransport):
             self._drop(target)
 
     def _channel(self, target: Target) -> HeldExec:
+        held = self._open(target, first_only=False)
+        if held is None:  # only a first-only open gives up
+            raise HelperCrash()
+        return held
+
+    def _open(self, target: Target, *, first_only: bool) -> HeldExec | None:
+        """The target's open channel, opened now if need be; ``None`` when ``first_only`` and one was opened before."""
         with self._gate(("channel", target.container)):
             with self._lock:
                 known = self._channels.get(target)
+                if (known is None or known[0].closed) and first_only and target in self._opened:
+                    return None
+                self._opened.add(target)
             if known is not None and not known[0].closed:
                 return known[0]
             argv = [*self.profile.helper_argv("runner"), "--channel"]
@@ -441,8 +460,9 @@ class ChannelTransport(DockerTransport):
             known[0].close()
 
     def close_all(self) -> None:
-        """Close every channel (the server is shutting down; the containers go with it)."""
+        """Close every channel and open none from now on (the server is shutting down; the containers go with it)."""
         with self._lock:
+            self._shut = True  # and a channel being opened now is closed as its opener finishes
             targets, containers = list(self._channels), list(self._supervisors)
             self._remember_closed([*(target.container for target in targets), *containers])
         for target in targets:

@@ -120,6 +120,12 @@ class PreparedWrite:
     def payload(self) -> Iterator[bytes]:
         return encode_write_stream(self.files)
 
+    @property
+    def seconds(self) -> float:
+        """How long sending and writing these files may take: generous for a loaded machine, and no longer, since
+        a one-shot's run deadline includes it."""
+        return 5.0 + sum(len(data) for _path, data in self.files) / (512 * 1024)
+
 
 def prepare_write(files: Sequence[tuple[str, str]], *, overwrite: bool) -> PreparedWrite:
     """Check a write against every limit before anything is sent: paths, duplicates, encoding, sizes."""
@@ -246,8 +252,16 @@ async def check_file_reply(channel: Channel, reply: M | Refusal, results: int | 
     if reply.code in _REFUSALS and not reply.partial:
         error_code, message = _REFUSALS[reply.code]
         raise SandboxError(error_code, message)
-    error_code, message = _FAILURES.get(reply.code, (ErrorCode.INTERNAL_ERROR, "the file helper failed"))
-    raise await channel.fail_closed(SandboxError(error_code, f"{message}; the sandbox was destroyed"))
+    raise await channel.fail_closed(file_refusal_error(reply))
+
+
+def file_refusal_error(reply: Refusal) -> SandboxError:
+    """The error for a file helper's refusal, when the sandbox is destroyed for it."""
+    if reply.code in _REFUSALS and not reply.partial:
+        error_code, message = _REFUSALS[reply.code]
+    else:
+        error_code, message = _FAILURES.get(reply.code, (ErrorCode.INTERNAL_ERROR, "the file helper failed"))
+    return SandboxError(error_code, f"{message}; the sandbox was destroyed")
 
 
 def is_file_refusal(reply: Refusal) -> bool:
