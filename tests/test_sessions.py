@@ -605,6 +605,10 @@ async def test_an_image_verified_by_one_server_is_trusted_by_the_next_through_th
     (tmp_path / "state" / key).symlink_to(tmp_path / "other" / key)
     await first_create(tmp_path / "state")
     assert len(verifications) == 3
+    # Nor does a pass in a directory that others may write.
+    (tmp_path / "other").chmod(0o770)
+    await first_create(tmp_path / "other")
+    assert len(verifications) == 4
 
 
 async def test_a_sandbox_not_from_the_pool_has_its_channel_opened_before_its_first_call(

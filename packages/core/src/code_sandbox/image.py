@@ -183,17 +183,19 @@ def verification_key(engine: DockerEngine, profile: Profile, image_id: str) -> s
 
 class VerifiedImages:
     """Verification passes that outlive a server process: one empty file per :func:`verification_key`, in a private
-    directory of the state directory. Only files this user owns count; anything odd counts as "not verified"."""
+    directory of the state directory. Only files this user owns, in a directory of this user that nobody else can
+    write, count; anything odd counts as "not verified"."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
     def __contains__(self, key: str) -> bool:
         try:
-            entry = (self.directory / key).lstat()
+            directory, entry = self.directory.lstat(), (self.directory / key).lstat()
         except OSError:
             return False
-        return stat.S_ISREG(entry.st_mode) and entry.st_uid == os.getuid()
+        private = stat.S_ISDIR(directory.st_mode) and directory.st_uid == os.geteuid() and not directory.st_mode & 0o022
+        return private and stat.S_ISREG(entry.st_mode) and entry.st_uid == os.geteuid()
 
     def add(self, key: str) -> None:
         """Record a pass; a failure to record only means the next server verifies again."""
