@@ -77,7 +77,7 @@ def test_installed_plugins_provide_exactly_the_javascript_offline_profile() -> N
     assert list(installed_profiles(pm)) == ["javascript-offline"]
     profile = select_profile(pm, None)
     assert profile.info.run_tool_name == "run_javascript"
-    assert profile.info.entrypoint_suffixes == (".js", ".mjs", ".cjs")
+    assert profile.info.entrypoint_suffixes == (".js", ".mjs", ".cjs", ".ts", ".mts", ".cts")
 
 
 def test_javascript_run_argv_is_a_list_with_proto_disabled() -> None:

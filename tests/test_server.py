@@ -264,6 +264,31 @@ async def test_execute_checks_everything_first_then_sends_files_and_run_as_one_r
         await none_of_mine(engine)
 
 
+TYPESCRIPT = [
+    {
+        "path": "main.ts",
+        "content": "import { greet } from './lib/greet.ts';\nconst n: number = 41;\nconsole.log(greet('ts'), n + 1);",
+    },
+    {"path": "lib/greet.ts", "content": "export function greet(name: string): string { return `hello ${name}`; }"},
+    {"path": "enum.mts", "content": "enum Color { Red }\nconsole.log(Color.Red);"},
+]
+
+
+async def test_typescript_runs_with_its_types_stripped_in_one_shots_and_sessions(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    async with connect(engine, tmp_path) as client:
+        one_shot = ok(await client.call_tool("execute_javascript", {"files": TYPESCRIPT, "entrypoint": "main.ts"}))
+        assert (one_shot["exit_code"], one_shot["stdout"], one_shot["stderr"]) == (0, "hello ts 42\n", "")
+        sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+        ok(await client.call_tool("write_files", {"session_id": sid, "files": TYPESCRIPT}))
+        again = ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "main.ts"}))
+        assert again["stdout"] == "hello ts 42\n"
+        unsupported = ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "enum.mts"}))
+        assert unsupported["exit_code"] == 1 and "ERR_UNSUPPORTED_TYPESCRIPT_SYNTAX" in unsupported["stderr"]
+        ok(await client.call_tool("destroy_sandbox", {"session_id": sid}))
+
+
 class HeldRemoval(DockerEngine):
     """The test's engine, whose container removals wait until the test lets them go (Docker cannot be made slow
     on demand)."""

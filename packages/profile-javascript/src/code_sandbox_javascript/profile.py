@@ -34,7 +34,7 @@ HELPERS_PACKAGE = "code_sandbox_javascript.helpers"
 """The helpers' sources ship inside this package (``helpers/*.mjs``); the image is built from them."""
 
 RUN_TOOL_DESCRIPTION = """\
-Run a JavaScript file that is already in the sandbox's workspace with Node.js 22 and return its result.
+Run a JavaScript or TypeScript file that is already in the sandbox's workspace with Node.js 22 and return its result.
 
 Use it after create_sandbox and write_files, as often as you like (fix a file with write_files overwrite=true, \
 then run again). For a single throwaway run with no follow-up, use execute_javascript instead.
@@ -43,6 +43,10 @@ The program runs as `node --disable-proto=throw /workspace/<entrypoint> <argumen
 no shell, no network (fetch, DNS and sockets fail), no npm packages (Node.js built-in modules only), \
 {memory} of memory, {cpus} and {processes} processes. Files it writes under /workspace persist for later calls; \
 /tmp is scratch space. Only one run per sandbox at a time.
+
+TypeScript (.ts, .mts, .cts; import other files with their .ts extension) runs through Node's built-in type \
+stripping: types are removed, never checked. Enums, namespaces and parameter properties are not supported: node \
+reports them in stderr with exit code 1.
 
 Returns exit_code, signal, timed_out, oom_killed, stdout and stderr ({output_cap} each at most, with \
 stdout_truncated/stderr_truncated set when cut, invalid UTF-8 replaced), termination_reason and duration_ms. \
@@ -81,8 +85,8 @@ class JavaScriptProfile(Profile):
         run_tool_name="run_javascript",
         run_tool_description=RUN_TOOL_DESCRIPTION,
         execute_tool_name="execute_javascript",
-        entrypoint_suffixes=(".js", ".mjs", ".cjs"),
-        default_entrypoints=("index.js", "index.mjs", "index.cjs"),
+        entrypoint_suffixes=(".js", ".mjs", ".cjs", ".ts", ".mts", ".cts"),
+        default_entrypoints=("index.js", "index.mjs", "index.cjs", "index.ts", "index.mts", "index.cts"),
         example_path="src/app.js",
         runtime_description="a Linux node binary",
         protocol_version=PROTOCOL_VERSION,
