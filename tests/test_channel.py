@@ -23,6 +23,7 @@ from code_sandbox.execution import RunResult, run_program
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import Refusal, RunAnswer, RunRequest
+from code_sandbox.relay import LAST_LINE_CHARS, LastLine
 from code_sandbox.transport import CLOSED_KEPT, ChannelTransport, HelperCrash, StderrSink, Target
 from code_sandbox.workspace import delete_files, digest_file, list_files, read_file, write_files
 
@@ -352,3 +353,17 @@ def test_prepare_opens_a_targets_first_channel_only(profile: Profile) -> None:
         transport.close_all()
         for end in engine.ends:
             end.close()
+
+
+async def test_the_last_output_line_is_quoted_cleaned_cut_and_marked_with_its_stream() -> None:
+    last = LastLine()
+    await last.feed("stdout", b"first\nsecond, partial")
+    assert (last.stream, last.text) == ("stdout", "second, partial")
+    await last.feed("stdout", b" line\n\n")
+    assert last.text == "second, partial line"
+    await last.feed("stderr", "\x1b[31mred\u202eevil\x07\n".encode())
+    assert (last.stream, last.text) == ("stderr", "[31mred evil")  # no escape, no bidi override, no bell
+    await last.feed("stdout", b"\xff" + b"x" * 500)
+    assert (last.stream, len(last.text), last.text[0]) == ("stdout", LAST_LINE_CHARS, "\ufffd")
+    await last.feed("stderr", b"\n\t\n")  # nothing to show: the last line stays
+    assert last.stream == "stdout"

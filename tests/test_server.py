@@ -5,6 +5,7 @@ JSON-RPC session, argument validation, error shaping and structured content as o
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,8 +34,10 @@ from code_sandbox.hardening import (
 from code_sandbox.limits import MEMORY_BYTES, PROCESSES, WORDS
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
+from code_sandbox.protocol import ExecuteAnswer, ExecuteRequest, Refusal
 from code_sandbox.server import SandboxServer
 from code_sandbox.settings import load_settings
+from code_sandbox.transport import ChannelTransport, StderrSink, Target
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, TextContent, Tool
@@ -471,6 +474,69 @@ async def test_progress_notifications_arrive_during_a_long_run(tmp_path: Path, e
         ok(await client.call_tool("execute_javascript", arguments, progress_callback=on_progress))
     assert len(updates) >= 1
     assert updates[-1][0] >= 1 and "output bytes" in (updates[-1][1] or "")
+
+
+async def test_progress_carries_the_last_output_line_at_most_once_a_second(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    received: list[tuple[float, str]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        del progress, total
+        received.append((time.monotonic(), message or ""))
+
+    ticker = (
+        "let i = 0;"
+        "const t = setInterval(() => { console.log(`tick ${++i}\\u001b[0m`); if (i === 6) clearInterval(t); }, 500);"
+    )
+    async with connect(engine, tmp_path) as client:
+        files = [{"path": "tick.js", "content": ticker}]
+        run = ok(
+            await client.call_tool(
+                "execute_javascript", {"files": files, "entrypoint": "tick.js"}, progress_callback=on_progress
+            )
+        )
+    assert run["stdout"] == "".join(f"tick {i}\x1b[0m\n" for i in range(1, 7))  # the result itself is unchanged
+    quoted = [message for _at, message in received if "; last stdout line: tick " in message]
+    assert len(quoted) >= 2, received
+    assert all("\x1b" not in message for _at, message in received)  # control characters removed
+    gaps = [later - earlier for (earlier, _m), (later, _n) in itertools.pairwise(received)]
+    assert all(gap >= 0.8 for gap in gaps), gaps
+
+
+class StreamFlags(ChannelTransport):
+    """The channel transport, recording whether each one-shot asked the runner to stream its output."""
+
+    def __init__(self, engine: DockerEngine, profile: Profile) -> None:
+        super().__init__(engine, profile)
+        self.streams: list[bool] = []
+
+    def execute(
+        self,
+        target: Target,
+        request: ExecuteRequest,
+        *,
+        payload: Iterable[bytes],
+        timeout: float,
+        on_stderr: StderrSink | None = None,
+    ) -> ExecuteAnswer | Refusal:
+        self.streams.append(request.run.stream)
+        return super().execute(target, request, payload=payload, timeout=timeout, on_stderr=on_stderr)
+
+
+async def test_without_a_progress_token_a_run_streams_nothing(tmp_path: Path, engine: DockerEngine) -> None:
+    server = make_server(engine, tmp_path)
+    recorder = StreamFlags(server.engine, server.profile)
+    install(server.manager, recorder)
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        del progress, total, message
+
+    async with Client(server, mode="legacy") as client:
+        arguments = {"files": [{"path": "a.js", "content": "console.log(1)"}], "entrypoint": "a.js"}
+        ok(await client.call_tool("execute_javascript", arguments))
+        ok(await client.call_tool("execute_javascript", arguments, progress_callback=on_progress))
+    assert recorder.streams == [False, True]
 
 
 # -- the process: stdio, stdout, exit, signals, sweeps ----------------------------------------------------------

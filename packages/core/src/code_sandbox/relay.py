@@ -11,6 +11,7 @@ import base64
 import binascii
 import logging
 import time
+import unicodedata
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -164,3 +165,28 @@ def update_reader(
         del pending[:start]
 
     return on_stderr
+
+
+LAST_LINE_CHARS = 200
+"""The most of a program's output line a progress message quotes."""
+
+
+class LastLine:
+    """The last line of output a run has written so far, for progress messages: fed as an :data:`OutputSink`.
+
+    The line is user output shown to a client: it is decoded with replacement, stripped of control and format
+    characters (no terminal escapes, no bidirectional overrides), and cut to :data:`LAST_LINE_CHARS` characters.
+    """
+
+    def __init__(self) -> None:
+        self._tails = {"stdout": b"", "stderr": b""}
+        self.stream: str | None = None
+        self.text = ""
+
+    async def feed(self, stream: str, data: bytes) -> None:
+        tail = (self._tails.get(stream, b"") + data)[-4096:]
+        self._tails[stream] = tail
+        line = tail.rstrip(b"\r\n").rsplit(b"\n", 1)[-1].decode("utf-8", "replace")
+        text = "".join(" " if unicodedata.category(char) in ("Cc", "Cf") else char for char in line).strip()
+        if text:
+            self.stream, self.text = stream, text[:LAST_LINE_CHARS]

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import anyio
 from mcp.server import Server, ServerRequestContext
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.types import (
     CallToolRequestParams,
     CallToolResult,
@@ -36,7 +37,7 @@ from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
 from code_sandbox.profile import Profile
-from code_sandbox.relay import Progress
+from code_sandbox.relay import LastLine, OutputSink, Progress
 from code_sandbox.schemas import (
     CreateSandboxInput,
     CreateSandboxOutput,
@@ -325,30 +326,44 @@ class SandboxServer(Server[None]):
         session = await self.manager.create()
         counts["session_hash"] = session.hash
         try:
-            result = await run_prepared(self.manager, session.id, program, files=files, progress=self._progress(ctx))
+            progress, output = self._live(ctx)
+            result = await run_prepared(
+                self.manager, session.id, program, files=files, progress=progress, output=output
+            )
         finally:
             await self.service.remove_after_reply(session.id)  # the result goes out first
         _run_counts(counts, result)
         return _run_output(result)
 
     async def _run(self, params: RunInput, ctx: Context, counts: Counts) -> BaseModel:
+        progress, output = self._live(ctx)
         result = await run_entrypoint(
             self.manager,
             params.session_id,
             params.entrypoint,
             params.arguments,
             timeout_seconds=params.timeout_seconds,
-            progress=self._progress(ctx),
+            progress=progress,
+            output=output,
         )
         _run_counts(counts, result)
         return _run_output(result)
 
     @staticmethod
-    def _progress(ctx: Context) -> Progress:
-        async def report(elapsed: float, output_bytes: int) -> None:
-            # A no-op unless the client asked for progress (a progress token in the request).
-            await ctx.session.report_progress(
-                round(elapsed, 1), None, f"running for {elapsed:.0f}s, {output_bytes} output bytes"
-            )
+    def _live(ctx: Context) -> tuple[Progress | None, OutputSink | None]:
+        """What a run reports while it goes, if the client asked for progress (a progress token in the request):
+        a notification at most once a second with the time, the output bytes and the last output line."""
+        if progress_token_from_params(ctx.params) is None:
+            return None, None  # no progress wanted: the run's output is not streamed either
+        last = LastLine()
+        sent = [float("-inf")]
 
-        return report
+        async def report(elapsed: float, output_bytes: int) -> None:
+            await anyio.sleep(max(0.0, sent[0] + 1.0 - time.monotonic()))
+            sent[0] = time.monotonic()
+            message = f"running for {elapsed:.0f}s, {output_bytes} output bytes"
+            if last.stream is not None:
+                message += f"; last {last.stream} line: {last.text}"
+            await ctx.session.report_progress(round(elapsed, 1), None, message)
+
+        return report, last.feed

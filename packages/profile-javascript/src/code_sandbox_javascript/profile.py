@@ -50,6 +50,7 @@ reports them in stderr with exit code 1.
 
 Returns exit_code, signal, timed_out, oom_killed, stdout and stderr ({output_cap} each at most, with \
 stdout_truncated/stderr_truncated set when cut, invalid UTF-8 replaced), termination_reason and duration_ms. \
+A long run sends progress notifications (if you asked for them) quoting its last output line. \
 A program killed by its timeout, its output cap or the memory limit still returns a result; a program that \
 cannot be cleaned up destroys the sandbox (error PROCESS_CLEANUP_FAILED), and so does one that stops or kills the \
 runner that supervises it (error SUPERVISOR_FAILED)."""
