@@ -14,10 +14,11 @@ import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
-from code_sandbox.engine import DockerEngine, HeldExec
+from code_sandbox.engine import DockerEngine, ExecResult, HeldExec
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_program
 from code_sandbox.limits import OUTPUT_CAP_BYTES
@@ -305,11 +306,14 @@ def test_stdout_after_the_answer_or_stderr_after_the_end_marker_is_out_of_protoc
 
 class _HelloEngine(DockerEngine):
     """An engine whose held execs of a channel are socket pairs whose far end has said a channel's hello; the
-    supervisor's never opens (it is not the subject)."""
+    supervisor's never opens and a one-off exec finds no container (neither is the subject)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ends: list[socket.socket] = []
+
+    def exec(self, container_id: str, argv: list[str], **_options: Any) -> ExecResult:
+        raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "no such container in this test")
 
     def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
         if "--supervise" in argv:
@@ -346,7 +350,7 @@ def test_prepare_opens_a_targets_first_channel_only(profile: Profile) -> None:
         transport.prepare(target)  # open already: nothing more
         assert len(engine.ends) == 2
         with pytest.raises(SandboxError):
-            transport.kill_all(target, timeout=1)  # drops the channel (the kill itself finds no such container)
+            transport.kill_all(target, timeout=1)  # drops the channel (the kill's exec finds no container)
         transport.prepare(target)  # a late prepare must not reopen what was dropped: the next call does that
         assert len(engine.ends) == 2
     finally:

@@ -476,6 +476,23 @@ async def test_progress_notifications_arrive_during_a_long_run(tmp_path: Path, e
     assert updates[-1][0] >= 1 and "output bytes" in (updates[-1][1] or "")
 
 
+async def test_a_run_result_says_what_cpu_time_and_memory_the_run_used(tmp_path: Path, engine: DockerEngine) -> None:
+    busy = "const cpu = () => { const u = process.cpuUsage(); return u.user + u.system; }; while (cpu() < 1e6);"
+    hold = "const held = Buffer.alloc(200e6, 1); setTimeout(() => console.log(held.length), 500);"
+    async with connect(engine, tmp_path) as client:
+        results = [
+            ok(
+                await client.call_tool(
+                    "execute_javascript", {"files": [{"path": "p.js", "content": source}], "entrypoint": "p.js"}
+                )
+            )
+            for source in (busy, hold, "console.log('hello')")
+        ]
+    assert results[0]["cpu_ms"] >= 800
+    assert results[1]["peak_memory_bytes"] >= 200_000_000
+    assert results[2]["peak_memory_bytes"] < 100_000_000 and results[2]["stdout"] == "hello\n"
+
+
 async def test_progress_carries_the_last_output_line_at_most_once_a_second(
     tmp_path: Path, engine: DockerEngine
 ) -> None:

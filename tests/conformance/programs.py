@@ -16,6 +16,8 @@ class Programs:
     :param detach: starts a child in a new session that sleeps for a minute, and exits 0 at once.
     :param renice: lowers the priority of its parent (the runner that started it) to nice 19.
     :param lock: makes ``locked/b.txt`` and then takes write permission off ``locked`` (mode 0500).
+    :param busy: uses one second of CPU time, then exits 0.
+    :param hold: holds 200 MB of memory that it has written to for half a second, then exits 0.
     :param probe: prints one JSON object: ``interfaces`` (network interface names), ``connect`` (whether a TCP
         connection to 192.0.2.1:80 succeeded), ``root_write`` (whether writing ``/etc/probe`` succeeded),
         ``cap_eff`` (``CapEff`` of /proc/self/status) and ``kill_watchdog`` (the error name, or ``"sent"``, of
@@ -30,6 +32,8 @@ class Programs:
     detach: str
     renice: str
     lock: str
+    busy: str
+    hold: str
     probe: str
 
 
@@ -43,6 +47,8 @@ fs.writeFileSync('out/result.txt', 'made by the program');
 """,
     flood="process.stdout.write('x'.repeat(2 * 1024 * 1024));",
     forever="console.log('ready'); setTimeout(() => {}, 60000);",
+    busy="const cpu = () => { const u = process.cpuUsage(); return u.user + u.system; }; while (cpu() < 1e6);",
+    hold="const held = Buffer.alloc(200e6, 1); setTimeout(() => console.log(held.length), 500);",
     detach="""
 const { spawn } = require('child_process');
 spawn(process.execPath, ['-e', 'setTimeout(() => {}, 60000)'], { detached: true, stdio: 'ignore' }).unref();
@@ -81,6 +87,11 @@ with open('out/result.txt', 'w') as f:
 """,
     flood="import sys\nsys.stdout.write('x' * (2 * 1024 * 1024))\n",
     forever="import time\nprint('ready', flush=True)\ntime.sleep(60)\n",
+    busy="import time\nwhile time.process_time() < 1:\n    pass\n",
+    hold=(
+        "import time\nheld = bytearray(200_000_000)\nfor i in range(0, len(held), 4096):\n    held[i] = 1\n"
+        "time.sleep(0.5)\nprint(len(held))\n"
+    ),
     detach="""
 import subprocess, sys
 subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True,

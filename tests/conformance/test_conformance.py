@@ -215,3 +215,17 @@ async def test_a_one_shot_refused_by_its_helper_destroys_its_sandbox(
         await run_prepared(sandboxes, session.id, program, files=files)
     assert caught.value.code in (ErrorCode.PATH_TRAVERSAL, ErrorCode.INVALID_PATH)
     assert "destroyed" in caught.value.message and len(sandboxes) == 0
+
+
+async def test_a_run_reports_the_cpu_time_and_peak_memory_its_cgroup_counted(
+    sandboxes: SessionManager, programs: Programs
+) -> None:
+    session = await sandboxes.create()
+    busy = await run(sandboxes, session.id, programs, programs.busy)
+    assert busy.exit_code == 0 and busy.cpu_ms is not None and 800 <= busy.cpu_ms <= 3000, busy.cpu_ms
+    hold = await run(sandboxes, session.id, programs, programs.hold)
+    assert hold.exit_code == 0, hold.stderr
+    assert hold.peak_memory_bytes is not None and hold.peak_memory_bytes >= 200_000_000
+    hello = await run(sandboxes, session.id, programs, programs.arguments)
+    assert hello.peak_memory_bytes is not None and hello.peak_memory_bytes < 100_000_000
+    assert hello.cpu_ms is not None and hello.cpu_ms < 800

@@ -20,7 +20,7 @@ from tests.test_server import connect, error_code, ok
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("image_id", "cleanup_managed")]
 
-FORGED = '{"ok":true,"exit_code":0,"signal":null,"timed_out":false,"stdout_b64":"","stderr_b64":"","stdout_bytes":0,"stderr_bytes":0,"stdout_truncated":false,"stderr_truncated":false,"oom_killed":false,"oom_detectable":true,"duration_ms":1,"cleanup":"ok","leftover_killed":0}'
+FORGED = '{"ok":true,"exit_code":0,"signal":null,"timed_out":false,"stdout_b64":"","stderr_b64":"","stdout_bytes":0,"stderr_bytes":0,"stdout_truncated":false,"stderr_truncated":false,"oom_killed":false,"oom_detectable":true,"duration_ms":1,"cleanup":"ok","leftover_killed":0,"cpu_ms":0,"peak_memory_bytes":0}'
 
 # Starts a detached heartbeat that would outlive the run, then writes a forged answer (and a poisoned progress
 # line) into the runner's stdout and stderr through /proc, and reports what the kernel said.

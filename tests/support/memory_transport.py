@@ -42,7 +42,7 @@ def run_answer(**changes: object) -> RunAnswer:
         "ok": True, "exit_code": 0, "signal": None, "timed_out": False,
         "stdout_b64": base64.b64encode(b"hi\n").decode(), "stderr_b64": "", "stdout_bytes": 3, "stderr_bytes": 0,
         "stdout_truncated": False, "stderr_truncated": False, "oom_killed": False, "oom_detectable": True,
-        "duration_ms": 5, "cleanup": "ok", "leftover_killed": 0,
+        "duration_ms": 5, "cleanup": "ok", "leftover_killed": 0, "cpu_ms": 3, "peak_memory_bytes": 4096,
     }  # fmt: skip
     return RunAnswer.model_validate({**fields, **changes})
 

@@ -72,6 +72,8 @@ class RunResult:
     duration_ms: int
     output_bytes: int
     leftover_processes_killed: int
+    cpu_ms: int | None = None
+    peak_memory_bytes: int | None = None
     stdout_raw: bytes = b""
     stderr_raw: bytes = b""
 
@@ -282,6 +284,8 @@ async def _result(channel: Channel, request: RunRequest, answer: RunAnswer | Ref
         duration_ms=answer.duration_ms,
         output_bytes=answer.stdout_bytes + answer.stderr_bytes,
         leftover_processes_killed=answer.leftover_killed,
+        cpu_ms=answer.cpu_ms,
+        peak_memory_bytes=answer.peak_memory_bytes,
     )
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """The version of these messages and of the helpers' command lines and framing. A profile declares the version its
 helpers speak, and the image carries it as the label :data:`PROTOCOL_LABEL`; both must equal this."""
 PROTOCOL_LABEL = "io.code-sandbox.protocol"
@@ -135,6 +135,10 @@ class RunAnswer(Message):
     duration_ms: Count
     cleanup: Literal["ok", "failed"]
     leftover_killed: Count
+    cpu_ms: Count | None
+    """The sandbox cgroup's CPU time over the run, in milliseconds; ``None`` where the counter cannot be read."""
+    peak_memory_bytes: Count | None
+    """The most memory the sandbox cgroup used during the run above what it used just before it."""
 
 
 class KillAllAnswer(Message):

@@ -267,6 +267,17 @@ class RunOutput(Output):
         description="Why the program ended."
     )
     duration_ms: int = Field(description="Wall-clock run time in milliseconds.")
+    cpu_ms: int | None = Field(
+        description="CPU time (user + system) the run used, in milliseconds: the program and every process it "
+        "started, read from the sandbox's cgroup counter before and after the run (so a program cannot misreport "
+        "it; the supervising runner's own small share is included). Null where the counter cannot be read."
+    )
+    peak_memory_bytes: int | None = Field(
+        description="The most memory the run used at once, in bytes: the sandbox cgroup's memory (the program, "
+        "its children and the files they wrote to /workspace and /tmp) above what it used just before the run, "
+        "from the cgroup's high-water mark when the run set a new one, else its highest sample (every 20 ms). "
+        "Null where the counter cannot be read."
+    )
 
 
 class DestroyOutput(Output):

@@ -147,6 +147,8 @@ def _run_output(result: RunResult) -> RunOutput:
         stderr_truncated=result.stderr_truncated,
         termination_reason=result.termination_reason,
         duration_ms=result.duration_ms,
+        cpu_ms=result.cpu_ms,
+        peak_memory_bytes=result.peak_memory_bytes,
     )
 
 
@@ -165,6 +167,8 @@ def _run_counts(counts: Counts, result: RunResult) -> None:
         output_bytes=result.output_bytes,
         cleanup="ok",
         leftover_killed=result.leftover_processes_killed,
+        cpu_ms=result.cpu_ms,
+        peak_memory_bytes=result.peak_memory_bytes,
     )
 
 

@@ -119,5 +119,5 @@ The program runs exactly as with {run_tool}: no network, {memory} memory, output
 timeout_seconds up to {max_timeout}. Same file limits as write_files. Counts against the sandbox limit while \
 it runs.
 
-Returns exit_code, signal, timed_out, oom_killed, stdout, stderr, the truncation flags, termination_reason \
-and duration_ms."""
+Returns exit_code, signal, timed_out, oom_killed, stdout, stderr, the truncation flags, termination_reason, \
+duration_ms, cpu_ms and peak_memory_bytes."""

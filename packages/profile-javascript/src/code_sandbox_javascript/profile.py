@@ -49,7 +49,8 @@ stripping: types are removed, never checked. Enums, namespaces and parameter pro
 reports them in stderr with exit code 1.
 
 Returns exit_code, signal, timed_out, oom_killed, stdout and stderr ({output_cap} each at most, with \
-stdout_truncated/stderr_truncated set when cut, invalid UTF-8 replaced), termination_reason and duration_ms. \
+stdout_truncated/stderr_truncated set when cut, invalid UTF-8 replaced), termination_reason, duration_ms, and \
+cpu_ms and peak_memory_bytes (what the run used, from the sandbox's cgroup counters). \
 A long run sends progress notifications (if you asked for them) quoting its last output line. \
 A program killed by its timeout, its output cap or the memory limit still returns a result; a program that \
 cannot be cleaned up destroys the sandbox (error PROCESS_CLEANUP_FAILED), and so does one that stops or kills the \

@@ -35,6 +35,21 @@ MAX_CAP = 64 * 1024 * 1024
 MAX_TIMEOUT_MS = 86_400_000
 MAX_SAFE_INTEGER = 2**53 - 1
 OOM_COUNTERS = ["/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"]  # v2, v1
+# The sandbox cgroup's usage counters (v1, then v2), which user code can read but not change: CPU time in
+# nanoseconds, memory in bytes now and at its highest since the container started.
+CPU_COUNTERS = [
+    ("/sys/fs/cgroup/cpuacct/cpuacct.usage", r"^(\d+)$", 1),
+    ("/sys/fs/cgroup/cpu.stat", r"^usage_usec (\d+)$", 1000),
+]
+MEMORY_NOW = [
+    ("/sys/fs/cgroup/memory/memory.usage_in_bytes", r"^(\d+)$", 1),
+    ("/sys/fs/cgroup/memory.current", r"^(\d+)$", 1),
+]
+MEMORY_PEAK = [
+    ("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", r"^(\d+)$", 1),
+    ("/sys/fs/cgroup/memory.peak", r"^(\d+)$", 1),
+]
+MEMORY_SAMPLE_S = 0.02
 READ_BYTES = 64 * 1024
 
 MESSAGES = {
@@ -183,6 +198,19 @@ def check_request(req):
         "stderr_cap": stderr_cap,
         "stream": req.get("stream") is True,
     }
+
+
+# The first of `counters` this cgroup layout has, scaled; None when none can be read.
+def read_counter(counters):
+    for path, pattern, scale in counters:
+        try:
+            with open(path, encoding="latin-1") as file:
+                match = re.search(pattern, file.read().strip(), re.M | re.A)
+        except OSError:
+            continue  # not this layout
+        if match:
+            return int(match.group(1)) * scale
+    return None
 
 
 # The cgroup's OOM-kill counter, or None when this kernel/cgroup layout does not expose one.
@@ -375,6 +403,10 @@ def run(req, wakeup):
     import subprocess
 
     oom_before = read_oom_kills()
+    cpu_before = read_counter(CPU_COUNTERS)
+    peak_before = read_counter(MEMORY_PEAK)
+    memory_before = read_counter(MEMORY_NOW)
+    sampled_peak = memory_before
     started = time.monotonic()
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
@@ -410,6 +442,7 @@ def run(req, wakeup):
     timed_out = False
     deadline = started + req["timeout_ms"] / 1000
     next_progress = started + PROGRESS_S
+    next_sample = started + MEMORY_SAMPLE_S
 
     # Wait for the child's exit, not for its pipes: a grandchild that escaped the group may hold them open forever.
     # SIGCHLD wakes the wait; poll() (waitpid with WNOHANG) is asked on every turn, so no exit can be missed.
@@ -422,7 +455,12 @@ def run(req, wakeup):
             line = {"elapsed_ms": js_round((now - started) * 1000), "stdout_bytes": out.total}
             write_all(2, (dumps({**line, "stderr_bytes": err.total}) + "\n").encode())
             next_progress = now + PROGRESS_S  # as setInterval: the next one a full period after this one
-        pump(captures, wakeup, min(next_progress, math.inf if timed_out else deadline))
+        if now >= next_sample:
+            memory_now = read_counter(MEMORY_NOW)
+            if memory_now is not None and sampled_peak is not None:
+                sampled_peak = max(sampled_peak, memory_now)
+            next_sample = now + MEMORY_SAMPLE_S
+        pump(captures, wakeup, min(next_progress, next_sample, math.inf if timed_out else deadline))
     ended = time.monotonic()
     # An exit seen only after the deadline is a timeout: user code can stop or starve this process (same uid) so
     # that the loop above never runs between the deadline and the exit.
@@ -431,6 +469,8 @@ def run(req, wakeup):
     code, signal_name = exit_status(child.returncode)
 
     cleanup, killed = kill_leftovers(lambda seconds: pump_for(captures, wakeup, seconds))
+    cpu_after = read_counter(CPU_COUNTERS)
+    peak_after = read_counter(MEMORY_PEAK)
     # Every writer is dead now, so what is still buffered in the pipes arrives at once; bound the wait anyway.
     drain_until = time.monotonic() + DRAIN_S
     while any(c.fd is not None for c in captures) and time.monotonic() < drain_until:
@@ -458,6 +498,23 @@ def run(req, wakeup):
         "duration_ms": duration_ms,
         "cleanup": cleanup,
         "leftover_killed": killed,
+        # The cgroup's CPU time from before the spawn to after the cleanup: the program, its children, and the
+        # little that the runner and the idle watchdog used meanwhile.
+        "cpu_ms": None if cpu_before is None or cpu_after is None else js_round(max(0, cpu_after - cpu_before) / 1e6),
+        # The most the cgroup used during the run above what it used just before (the helpers' own memory): a new
+        # high-water mark set during the run is exact; otherwise the highest sample (every 20 ms) is as near as it
+        # gets.
+        "peak_memory_bytes": None
+        if memory_before is None
+        else max(
+            0,
+            (
+                peak_after
+                if peak_before is not None and peak_after is not None and peak_after > peak_before
+                else sampled_peak
+            )
+            - memory_before,
+        ),
     }
 
 

@@ -25,6 +25,21 @@ const PROGRESS_MS = 1000;
 const MAX_CAP = 64 * 1024 * 1024;
 const MAX_TIMEOUT_MS = 86_400_000;
 const OOM_COUNTERS = ['/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control']; // v2, v1
+// The sandbox cgroup's usage counters (v1, then v2), which user code can read but not change: CPU time in
+// nanoseconds, memory in bytes now and at its highest since the container started.
+const CPU_COUNTERS = [
+  ['/sys/fs/cgroup/cpuacct/cpuacct.usage', /^(\d+)$/, 1],
+  ['/sys/fs/cgroup/cpu.stat', /^usage_usec (\d+)$/m, 1000],
+];
+const MEMORY_NOW = [
+  ['/sys/fs/cgroup/memory/memory.usage_in_bytes', /^(\d+)$/, 1],
+  ['/sys/fs/cgroup/memory.current', /^(\d+)$/, 1],
+];
+const MEMORY_PEAK = [
+  ['/sys/fs/cgroup/memory/memory.max_usage_in_bytes', /^(\d+)$/, 1],
+  ['/sys/fs/cgroup/memory.peak', /^(\d+)$/, 1],
+];
+const MEMORY_SAMPLE_MS = 20;
 
 const MESSAGES = {
   INVALID_REQUEST: 'the run request is malformed',
@@ -90,6 +105,19 @@ function validRequest(req) {
   const ok = argvOk && intIn(req.timeout_ms, 1, MAX_TIMEOUT_MS) && intIn(req.stdout_cap, 0, MAX_CAP) &&
     intIn(req.stderr_cap, 0, MAX_CAP);
   return ok ? req : null;
+}
+
+// The first of `counters` this cgroup layout has, scaled; null when none can be read.
+function readCounter(counters) {
+  for (const [file, pattern, scale] of counters) {
+    try {
+      const match = pattern.exec(fs.readFileSync(file, 'latin1').trim());
+      if (match) return Number(match[1]) * scale;
+    } catch {
+      // not this layout
+    }
+  }
+  return null;
 }
 
 // The cgroup's OOM-kill counter, or null when this kernel/cgroup layout does not expose one.
@@ -204,6 +232,10 @@ const closed = (stream) => (stream.closed ? Promise.resolve() : new Promise((don
 
 async function run(req) {
   const oomBefore = readOomKills();
+  const cpuBefore = readCounter(CPU_COUNTERS);
+  const peakBefore = readCounter(MEMORY_PEAK);
+  const memoryBefore = readCounter(MEMORY_NOW);
+  let sampledPeak = memoryBefore;
   const started = performance.now();
   let child;
   try {
@@ -242,13 +274,20 @@ async function run(req) {
     const line = { elapsed_ms: Math.round(performance.now() - started), stdout_bytes: out.total };
     process.stderr.write(`${JSON.stringify({ ...line, stderr_bytes: err.total })}\n`);
   }, PROGRESS_MS);
+  const sampler = setInterval(() => {
+    const now = readCounter(MEMORY_NOW);
+    if (now !== null && sampledPeak !== null) sampledPeak = Math.max(sampledPeak, now);
+  }, MEMORY_SAMPLE_MS);
 
   // Wait for the child's exit, not for its pipes: a grandchild that escaped the group may hold them open forever.
   const { code, signal } = await exited;
   const durationMs = Math.round(performance.now() - started);
   clearTimeout(timer);
   clearInterval(progress);
+  clearInterval(sampler);
   const leftovers = await killLeftovers();
+  const cpuAfter = readCounter(CPU_COUNTERS);
+  const peakAfter = readCounter(MEMORY_PEAK);
   // Every writer is dead now, so what is still buffered in the pipes arrives at once; bound the wait anyway.
   await Promise.race([Promise.all([closed(child.stdout), closed(child.stderr)]), sleep(DRAIN_MS)]);
   child.stdout.destroy();
@@ -274,6 +313,13 @@ async function run(req) {
     duration_ms: durationMs,
     cleanup: leftovers.cleanup,
     leftover_killed: leftovers.killed,
+    // The cgroup's CPU time from before the spawn to after the cleanup: the program, its children, and the
+    // little that the runner and the idle watchdog used meanwhile.
+    cpu_ms: cpuBefore !== null && cpuAfter !== null ? Math.round(Math.max(0, cpuAfter - cpuBefore) / 1e6) : null,
+    // The most the cgroup used during the run above what it used just before (the helpers' own memory): a new
+    // high-water mark set during the run is exact; otherwise the highest sample (every 20 ms) is as near as it gets.
+    peak_memory_bytes: memoryBefore === null ? null : Math.max(0, (peakBefore !== null && peakAfter !== null &&
+      peakAfter > peakBefore ? peakAfter : sampledPeak) - memoryBefore),
   };
 }
 
