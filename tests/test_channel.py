@@ -26,7 +26,15 @@ from code_sandbox.profile import Profile
 from code_sandbox.protocol import Refusal, RunAnswer, RunRequest
 from code_sandbox.relay import LAST_LINE_CHARS, LastLine
 from code_sandbox.transport import CLOSED_KEPT, ChannelTransport, HelperCrash, StderrSink, Target
-from code_sandbox.workspace import delete_files, digest_file, list_files, read_file, write_files
+from code_sandbox.workspace import (
+    PICTURE_MAX_BYTES,
+    ReadResult,
+    delete_files,
+    digest_file,
+    list_files,
+    read_file,
+    write_files,
+)
 
 from tests.support.memory_transport import MemorySandboxes, run_answer
 
@@ -371,3 +379,24 @@ async def test_the_last_output_line_is_quoted_cleaned_cut_and_marked_with_its_st
     assert (last.stream, len(last.text), last.text[0]) == ("stdout", LAST_LINE_CHARS, "\ufffd")
     await last.feed("stderr", b"\n\t\n")  # nothing to show: the last line stays
     assert last.stream == "stdout"
+
+
+@pytest.mark.parametrize(
+    ("start", "picture_type"),
+    [
+        (b"\x89PNG\r\n\x1a\n", "image/png"),
+        (b"\xff\xd8\xff\xe0", "image/jpeg"),
+        (b"GIF89a", "image/gif"),
+        (b"GIF87a", "image/gif"),
+        (b"RIFF\x00\x00\x00\x00WEBPVP8 ", "image/webp"),
+        (b"RIFF\x00\x00\x00\x00WAVEfmt ", None),
+        (b"<svg", None),
+    ],
+)
+def test_a_picture_is_known_by_its_first_bytes_whole_and_small(start: bytes, picture_type: str | None) -> None:
+    data = start + b"\x00" * 64
+    assert ReadResult("", len(data), False, data).picture_type == picture_type
+    assert ReadResult("", len(data) + 1, True, data).picture_type is None  # cut: not a whole picture
+    big = start + b"\x00" * PICTURE_MAX_BYTES
+    assert ReadResult("", len(big), False, big).picture_type is None
+    assert ReadResult("text", 4, False).picture_type is None  # a text read

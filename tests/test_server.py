@@ -5,16 +5,19 @@ JSON-RPC session, argument validation, error shaping and structured content as o
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
 import re
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -40,7 +43,7 @@ from code_sandbox.settings import load_settings
 from code_sandbox.transport import ChannelTransport, StderrSink, Target
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.types import CallToolResult, TextContent, Tool
+from mcp.types import CallToolResult, ImageContent, TextContent, Tool
 
 from tests.conftest import WORKER_TAG
 from tests.support import inspector
@@ -474,6 +477,88 @@ async def test_progress_notifications_arrive_during_a_long_run(tmp_path: Path, e
         ok(await client.call_tool("execute_javascript", arguments, progress_callback=on_progress))
     assert len(updates) >= 1
     assert updates[-1][0] >= 1 and "output bytes" in (updates[-1][1] or "")
+
+
+CHART = (Path(__file__).parent.parent / "examples" / "chart" / "chart.mjs").read_text()
+
+
+def png_chunks(data: bytes) -> list[bytes]:
+    """The chunk types of a PNG, each chunk's CRC checked, its image data inflated to prove it whole."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    types: list[bytes] = []
+    position, image = 8, b""
+    while position < len(data):
+        (length,) = struct.unpack(">I", data[position : position + 4])
+        kind, body = data[position + 4 : position + 8], data[position + 8 : position + 8 + length]
+        assert struct.unpack(">I", data[position + 8 + length : position + 12 + length])[0] == zlib.crc32(kind + body)
+        image += body if kind == b"IDAT" else b""
+        types.append(kind)
+        position += 12 + length
+    width, height = struct.unpack(">II", data[16:24])
+    assert len(zlib.decompress(image)) == (width * 3 + 1) * height
+    return types
+
+
+async def test_binary_files_go_in_and_out_as_base64_and_pictures_come_back_as_images(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    payload = os.urandom(100 * 1024)
+    copy = "require('fs').copyFileSync('in.bin', 'out/copy.bin')"
+    async with connect(engine, tmp_path) as client:
+        sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+        files = [
+            {"path": "in.bin", "content": base64.b64encode(payload).decode(), "encoding": "base64"},
+            {"path": "copy.js", "content": "require('fs').mkdirSync('out');" + copy},
+            {"path": "chart.mjs", "content": CHART},
+        ]
+        ok(await client.call_tool("write_files", {"session_id": sid, "files": files}))
+        assert (
+            ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "copy.js"}))["exit_code"] == 0
+        )
+        back = await client.call_tool(
+            "read_file", {"session_id": sid, "path": "out/copy.bin", "encoding": "base64", "max_bytes": 2 * 1024 * 1024}
+        )
+        assert base64.b64decode(ok(back)["content"]) == payload and ok(back)["image_type"] is None
+        assert len(back.content) == 1
+        as_text = await client.call_tool("read_file", {"session_id": sid, "path": "out/copy.bin"})
+        assert error_code(as_text) == "BINARY_FILE"
+        first = ok(
+            await client.call_tool(
+                "read_file", {"session_id": sid, "path": "in.bin", "encoding": "base64", "max_bytes": 10}
+            )
+        )
+        assert (base64.b64decode(first["content"]), first["truncated"]) == (payload[:10], True)
+
+        assert (
+            ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "chart.mjs"}))["exit_code"]
+            == 0
+        )
+        svg = ok(await client.call_tool("read_file", {"session_id": sid, "path": "chart.svg"}))
+        assert svg["content"].startswith("<svg") and svg["image_type"] is None
+        png = await client.call_tool("read_file", {"session_id": sid, "path": "chart.png", "encoding": "base64"})
+        assert ok(png)["image_type"] == "image/png"
+        image = png.content[1]
+        assert isinstance(image, ImageContent) and image.mime_type == "image/png"
+        assert png_chunks(base64.b64decode(image.data)) == [b"IHDR", b"IDAT", b"IEND"]
+        cut = await client.call_tool(
+            "read_file", {"session_id": sid, "path": "chart.png", "encoding": "base64", "max_bytes": 100}
+        )
+        assert ok(cut)["truncated"] is True and ok(cut)["image_type"] is None and len(cut.content) == 1
+
+        bad = [{"path": "x.bin", "content": "not base64!" + SECRET, "encoding": "base64"}]
+        refused = await client.call_tool("write_files", {"session_id": sid, "files": bad})
+        assert error_code(refused) == "INVALID_REQUEST"
+        text = refused.content[0]
+        assert isinstance(text, TextContent) and "files.0" in text.text and "base64" in text.text
+        assert SECRET not in str(refused.content)
+        one_shot = {
+            "files": [
+                {"path": "b.bin", "content": "AAEC", "encoding": "base64"},
+                {"path": "m.js", "content": "console.log([...require('fs').readFileSync('b.bin')])"},
+            ],
+            "entrypoint": "m.js",
+        }
+        assert ok(await client.call_tool("execute_javascript", one_shot))["stdout"] == "[ 0, 1, 2 ]\n"
 
 
 async def test_a_run_result_says_what_cpu_time_and_memory_the_run_used(tmp_path: Path, engine: DockerEngine) -> None:

@@ -229,3 +229,16 @@ async def test_a_run_reports_the_cpu_time_and_peak_memory_its_cgroup_counted(
     hello = await run(sandboxes, session.id, programs, programs.arguments)
     assert hello.peak_memory_bytes is not None and hello.peak_memory_bytes < 100_000_000
     assert hello.cpu_ms is not None and hello.cpu_ms < 800
+
+
+async def test_any_bytes_are_written_and_read_back_as_base64_and_refused_as_text(sandboxes: SessionManager) -> None:
+    session = await sandboxes.create()
+    data = bytes(range(256)) * 3
+    assert await write_files(sandboxes, session.id, [("blob.bin", data)], overwrite=False) == ["written"]
+    whole = await read_file(sandboxes, session.id, "blob.bin", max_bytes=4096, encoding="base64")
+    assert (whole.data, whole.size, whole.truncated, whole.picture_type) == (data, 768, False, None)
+    cut = await read_file(sandboxes, session.id, "blob.bin", max_bytes=5, encoding="base64")
+    assert (cut.data, cut.truncated) == (data[:5], True)
+    with pytest.raises(SandboxError) as caught:
+        await read_file(sandboxes, session.id, "blob.bin", max_bytes=4096)
+    assert caught.value.code == ErrorCode.BINARY_FILE

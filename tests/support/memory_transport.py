@@ -100,8 +100,9 @@ class MemoryTransport(Transport):
             data = self.workspace[request.path]
             if isinstance(request, DigestRequest):
                 return {"ok": True, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-            return {"ok": True, "content": data[: request.max_bytes].decode(), "size": len(data),
-                    "truncated": len(data) > request.max_bytes}  # fmt: skip
+            kept = data[: request.max_bytes]
+            content = base64.b64encode(kept).decode() if request.encoding == "base64" else kept.decode()
+            return {"ok": True, "content": content, "size": len(data), "truncated": len(data) > request.max_bytes}
         if isinstance(request, DeleteRequest):
             statuses = [
                 "deleted" if self.workspace.pop(path, None) is not None else "missing" for path in request.paths

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """The version of these messages and of the helpers' command lines and framing. A profile declares the version its
 helpers speak, and the image carries it as the label :data:`PROTOCOL_LABEL`; both must equal this."""
 PROTOCOL_LABEL = "io.code-sandbox.protocol"
@@ -22,6 +22,8 @@ count or duration comes near it."""
 MAX_B64_CHARS = (64 * 1024 * 1024 * 4) // 3 + 4
 """Base64 of the runner's largest output cap (64 MiB)."""
 MAX_TEXT_CHARS = 2 * 1024 * 1024
+MAX_READ_CHARS = (MAX_TEXT_CHARS + 2) // 3 * 4
+"""A read's content: 2 MiB of text, or base64 of 2 MiB of bytes."""
 MAX_PATH_CHARS = 8192
 MAX_LIST_ENTRIES = 1000
 MAX_RESULTS = 100
@@ -73,6 +75,8 @@ class ListRequest(Message):
 class ReadRequest(Message):
     path: WorkspacePath
     max_bytes: Count
+    encoding: Literal["utf-8", "base64"]
+    """``utf-8``: text, never cut inside a character, non-text refused; ``base64``: the first bytes as they are."""
 
 
 class DeleteRequest(Message):
@@ -214,7 +218,7 @@ class ListAnswer(Message):
 
 class ReadAnswer(Message):
     ok: Literal[True]
-    content: Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
+    content: Annotated[str, StringConstraints(max_length=MAX_READ_CHARS)]
     size: Count
     truncated: bool
 

@@ -6,9 +6,11 @@ them before it calls. The run models are built per server, because their timeout
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from code_sandbox.limits import (
     DEFAULT_READ_BYTES,
@@ -54,15 +56,37 @@ WorkspacePath = Annotated[
 ]
 
 
+Encoding = Literal["utf-8", "base64"]
+
+
 class FileInput(StrictInput):
     path: WorkspacePath
     content: Annotated[
         str,
         Field(
-            description=f"The file's full text (UTF-8). At most {WORDS['file_max']} once encoded.",
-            max_length=MAX_FILE_BYTES,
+            description=f"The file's full text, or with encoding base64 its bytes in base64. At most "
+            f"{WORDS['file_max']} once encoded (UTF-8) or decoded (base64).",
+            max_length=(MAX_FILE_BYTES + 2) // 3 * 4,
         ),
     ]
+    encoding: Encoding = Field(
+        default="utf-8",
+        description="utf-8 (the default): content is text. base64: content is any bytes (a picture, a zip...), "
+        "in standard base64.",
+    )
+
+    @model_validator(mode="after")
+    def _base64_decodes(self) -> FileInput:
+        if self.encoding == "base64":
+            try:
+                base64.b64decode(self.content, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("content is not valid base64") from None
+        return self
+
+    def data(self) -> str | bytes:
+        """The file's text, or its bytes (base64 decoded)."""
+        return base64.b64decode(self.content, validate=True) if self.encoding == "base64" else self.content
 
 
 Files = Annotated[
@@ -122,7 +146,13 @@ class ReadFileInput(StrictInput):
         ge=1,
         le=MAX_FILE_BYTES,
         description=f"Return at most this many bytes (default {DEFAULT_READ_BYTES}, at most {WORDS['file_max']}); "
-        "the cut never splits a character and sets truncated=true.",
+        "a cut sets truncated=true, and never splits a character of text.",
+    )
+    encoding: Encoding = Field(
+        default="utf-8",
+        description="utf-8 (the default): return text (BINARY_FILE if the file is not UTF-8 text). base64: return "
+        "the bytes in base64, whatever they are; a whole PNG, JPEG, GIF or WebP picture of at most 1 MiB also "
+        "comes back as an image.",
     )
 
 
@@ -234,9 +264,17 @@ class ListFilesOutput(Output):
 
 
 class ReadFileOutput(Output):
-    content: str = Field(description="The file's text, or its first max_bytes bytes cut at a character boundary.")
+    content: str = Field(
+        description="The file's text, or its first max_bytes bytes cut at a character boundary; with encoding "
+        "base64, its bytes (at most max_bytes of them) in base64."
+    )
     size: int = Field(description="The whole file's size in bytes.")
     truncated: bool = Field(description="True when content is only the beginning of the file.")
+    image_type: str | None = Field(
+        default=None,
+        description="image/png, image/jpeg, image/gif or image/webp when content is a whole picture of at most "
+        "1 MiB (found by its first bytes, not its name); the result then also carries it as an image.",
+    )
 
 
 class DeleteStatus(Output):

@@ -23,6 +23,8 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.types import (
     CallToolRequestParams,
     CallToolResult,
+    ContentBlock,
+    ImageContent,
     ListToolsResult,
     PaginatedRequestParams,
     TextContent,
@@ -152,10 +154,11 @@ def _run_output(result: RunResult) -> RunOutput:
     )
 
 
-def _files_with_counts(params: WriteFilesInput | ExecuteInput, counts: Counts) -> list[tuple[str, str]]:
-    """The (path, content) pairs of a files argument, counted into the audit record."""
-    files = [(f.path, f.content) for f in params.files]
-    counts.update(files=len(files), bytes=sum(len(content.encode()) for _path, content in files))
+def _files_with_counts(params: WriteFilesInput | ExecuteInput, counts: Counts) -> list[tuple[str, str | bytes]]:
+    """The (path, text or bytes) pairs of a files argument, counted into the audit record (bytes as written)."""
+    files = [(f.path, f.data()) for f in params.files]
+    sizes = [len(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data) for _path, data in files]
+    counts.update(files=len(files), bytes=sum(sizes))
     return files
 
 
@@ -253,10 +256,10 @@ class SandboxServer(Server[None]):
                 raise SandboxError(ErrorCode.INVALID_REQUEST, "no tool of that name; call tools/list")
             output = await tool.call(arguments, ctx, counts)
             hashed = cast(str | None, counts.pop("session_hash", hashed))
-            return CallToolResult(
-                content=[TextContent(type="text", text=output.model_dump_json())],
-                structured_content=output.model_dump(mode="json"),
-            )
+            blocks: list[ContentBlock] = [TextContent(type="text", text=output.model_dump_json())]
+            if isinstance(output, ReadFileOutput) and output.image_type is not None:
+                blocks.append(ImageContent(type="image", data=output.content, mime_type=output.image_type))
+            return CallToolResult(content=blocks, structured_content=output.model_dump(mode="json"))
         except SandboxError as error:
             result_code = str(error.code)
             return error_result(error)
@@ -305,9 +308,13 @@ class SandboxServer(Server[None]):
         )
 
     async def _read(self, params: ReadFileInput, _ctx: Context, counts: Counts) -> BaseModel:
-        result = await read_file(self.manager, params.session_id, params.path, max_bytes=params.max_bytes)
+        result = await read_file(
+            self.manager, params.session_id, params.path, max_bytes=params.max_bytes, encoding=params.encoding
+        )
         counts.update(bytes=result.size, truncated=result.truncated)
-        return ReadFileOutput(content=result.content, size=result.size, truncated=result.truncated)
+        return ReadFileOutput(
+            content=result.content, size=result.size, truncated=result.truncated, image_type=result.picture_type
+        )
 
     async def _delete(self, params: DeleteFilesInput, _ctx: Context, counts: Counts) -> BaseModel:
         statuses = await delete_files(self.manager, params.session_id, params.paths)

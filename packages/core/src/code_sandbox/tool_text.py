@@ -70,12 +70,14 @@ processes, a {workspace} workspace at /workspace). At most {sessions} sandboxes 
 Returns session_id (pass it to every other tool), expires_at, idle_timeout_seconds and profile."""
 
 WRITE_FILES = """\
-Write one or more UTF-8 text files into a sandbox's workspace, creating parent directories. Use it to add \
-source files before {run_tool}, and with overwrite=true to replace a file you are fixing. To run files once \
-without keeping a sandbox, use {execute_tool} instead.
+Write one or more files into a sandbox's workspace, creating parent directories: text, or any bytes (data, \
+pictures) as base64 with encoding="base64". Use it to add source files before {run_tool}, and with \
+overwrite=true to replace a file you are fixing. To run files once without keeping a sandbox, use \
+{execute_tool} instead.
 
 Limits, all checked before anything is written (a refused call changes nothing): 1-{files_per_call} files per \
-call, {file_max} per file (FILE_TOO_LARGE), {request_max} per call, and a workspace of at most {entries} entries \
+call, {file_max} per file once decoded (FILE_TOO_LARGE), {request_max} per call, and a workspace of at most \
+{entries} entries \
 (files and directories both count) and {workspace} (WORKSPACE_LIMIT_EXCEEDED). Paths are relative \
 ('{example_path}'); '..', absolute paths and other escapes are refused (PATH_TRAVERSAL, INVALID_PATH).
 
@@ -89,11 +91,13 @@ Returns entries {{path, type ('file' or 'directory'), size in bytes}} sorted by 
 more than {list_max} entries matched."""
 
 READ_FILE = """\
-Read a UTF-8 text file from a sandbox's workspace, e.g. output your program wrote. Read-only. Use list_files \
-first when you do not know the exact path.
+Read a file from a sandbox's workspace, e.g. output your program wrote. Read-only. Use list_files first when \
+you do not know the exact path.
 
 Returns content (at most max_bytes bytes, never cutting a character), size (the whole file) and truncated. \
-Files with invalid UTF-8 or NUL bytes are refused with BINARY_FILE; missing files with NOT_FOUND."""
+Text by default: files with invalid UTF-8 or NUL bytes are refused with BINARY_FILE; read them with \
+encoding="base64" to get their bytes in base64. A whole PNG, JPEG, GIF or WebP of at most 1 MiB read that way \
+also comes back as an image (image_type says which). Missing files: NOT_FOUND."""
 
 DELETE_FILES = """\
 Delete regular files from a sandbox's workspace. Irreversible. Use it to remove stale files before a rerun; to \

@@ -8,6 +8,8 @@ destroys the session: it fails closed.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,6 +52,8 @@ from code_sandbox.protocol import (
 from code_sandbox.transport import FileRequest
 
 HELPER_TIMEOUT_SECONDS = 30.0
+PICTURE_MAX_BYTES = 1024 * 1024
+"""A picture read as base64 up to this size is also returned as an image for the client to show."""
 
 
 # Refusals the helper reports; anything else it says ends the session.
@@ -96,8 +100,28 @@ class ListEntry:
 @dataclass(frozen=True)
 class ReadResult:
     content: str
+    """The text, or the base64 of the bytes."""
     size: int
     truncated: bool
+    data: bytes | None = None
+    """The bytes themselves, for a base64 read."""
+
+    @property
+    def picture_type(self) -> str | None:
+        """The MIME type of a whole PNG, JPEG, GIF or WebP file of at most 1 MiB (by its first bytes, not its name),
+        for clients that show pictures; ``None`` for anything else."""
+        data = self.data
+        if data is None or self.truncated or len(data) > PICTURE_MAX_BYTES:
+            return None
+        if data.startswith(b"\x89PNG\r\n\x1a\n"):
+            return "image/png"
+        if data.startswith(b"\xff\xd8\xff"):
+            return "image/jpeg"
+        if data.startswith((b"GIF87a", b"GIF89a")):
+            return "image/gif"
+        if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+            return "image/webp"
+        return None
 
 
 def encode_write_stream(files: Sequence[tuple[str, bytes]]) -> Iterator[bytes]:
@@ -127,7 +151,7 @@ class PreparedWrite:
         return 5.0 + sum(len(data) for _path, data in self.files) / (512 * 1024)
 
 
-def prepare_write(files: Sequence[tuple[str, str]], *, overwrite: bool) -> PreparedWrite:
+def prepare_write(files: Sequence[tuple[str, str | bytes]], *, overwrite: bool) -> PreparedWrite:
     """Check a write against every limit before anything is sent: paths, duplicates, encoding, sizes."""
     if not 1 <= len(files) <= MAX_FILES_PER_CALL:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"write between 1 and {MAX_FILES_PER_CALL} files per call")
@@ -139,7 +163,7 @@ def prepare_write(files: Sequence[tuple[str, str]], *, overwrite: bool) -> Prepa
             raise SandboxError(ErrorCode.INVALID_PATH, "the same path appears twice in one request")
         seen.add(path)
         try:
-            data = content.encode("utf-8")
+            data = content if isinstance(content, bytes) else content.encode("utf-8")
         except UnicodeEncodeError:
             raise SandboxError(ErrorCode.INVALID_REQUEST, "file content must be valid Unicode text") from None
         if len(data) > MAX_FILE_BYTES:
@@ -157,9 +181,9 @@ def prepare_write(files: Sequence[tuple[str, str]], *, overwrite: bool) -> Prepa
 
 
 async def write_files(
-    sandboxes: Sandboxes, session_id: str, files: Sequence[tuple[str, str]], *, overwrite: bool
+    sandboxes: Sandboxes, session_id: str, files: Sequence[tuple[str, str | bytes]], *, overwrite: bool
 ) -> list[WriteStatus]:
-    """Write UTF-8 text files into the workspace; per-path status in request order."""
+    """Write files (text, written as UTF-8, or bytes) into the workspace; per-path status in request order."""
     write = prepare_write(files, overwrite=overwrite)
     async with sandboxes.channel(session_id) as channel:
         answer = await call_file_helper(
@@ -185,14 +209,42 @@ async def list_files(
     return [ListEntry(row.path, row.type, row.size) for row in answer.entries], answer.truncated
 
 
-async def read_file(sandboxes: Sandboxes, session_id: str, path: str, *, max_bytes: int) -> ReadResult:
-    """Read a UTF-8 text file, at most ``max_bytes`` bytes, never cutting a character."""
+async def read_file(
+    sandboxes: Sandboxes,
+    session_id: str,
+    path: str,
+    *,
+    max_bytes: int,
+    encoding: Literal["utf-8", "base64"] = "utf-8",
+) -> ReadResult:
+    """Read at most ``max_bytes`` bytes of a file: as UTF-8 text, never cutting a character (``BINARY_FILE`` for
+    anything else), or as base64 of the bytes as they are."""
     if not 1 <= max_bytes <= MAX_FILE_BYTES:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"max_bytes must be from 1 to {MAX_FILE_BYTES}")
-    request = ReadRequest(path=validate_path(path), max_bytes=max_bytes)
+    request = ReadRequest(path=validate_path(path), max_bytes=max_bytes, encoding=encoding)
     async with sandboxes.channel(session_id) as channel:
         answer = await call_file_helper(channel, request, ReadAnswer)
-    return ReadResult(answer.content, answer.size, answer.truncated)
+        if encoding == "utf-8":
+            return ReadResult(answer.content, answer.size, answer.truncated)
+        data = _read_bytes(answer, max_bytes)
+        if data is None:
+            raise await channel.fail_closed(
+                SandboxError(
+                    ErrorCode.TRANSFER_FAILED, "the file helper answered out of protocol; the sandbox was destroyed"
+                )
+            )
+    return ReadResult(answer.content, answer.size, answer.truncated, data)
+
+
+def _read_bytes(answer: ReadAnswer, max_bytes: int) -> bytes | None:
+    """A base64 read's bytes, if they are what was asked for: the whole file, or its first ``max_bytes`` bytes."""
+    try:
+        data = base64.b64decode(answer.content, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    whole = not answer.truncated and len(data) == answer.size <= max_bytes
+    cut = answer.truncated and len(data) == max_bytes < answer.size
+    return data if whole or cut else None
 
 
 async def delete_files(sandboxes: Sandboxes, session_id: str, paths: Sequence[str]) -> list[DeleteStatus]:

@@ -5,6 +5,7 @@
 # User code owns the workspace between calls, so nothing found there is trusted: every op first checks
 # that the tree holds only plain directories and single-link regular files, and never follows a symlink.
 # Standard library only, and started with -I: neither /workspace nor the environment can shadow what it imports.
+import base64
 import errno
 import hashlib
 import json
@@ -260,7 +261,7 @@ def read_up_to(fd, limit):
 def op_read(req):
     parts = check_path(req["path"])
     max_bytes = safe_int(req["max_bytes"])
-    if max_bytes is None or max_bytes < 1:
+    if max_bytes is None or max_bytes < 1 or req["encoding"] not in ("utf-8", "base64"):
         raise Refusal("INVALID_REQUEST")
     fd, size = open_regular_file(parts)
     # One byte past max_bytes is enough to tell whether the cut falls inside a character. Bounding the buffer by
@@ -272,6 +273,8 @@ def op_read(req):
         close(fd)
     end = len(buf)
     truncated = end > max_bytes
+    if req["encoding"] == "base64":  # the first max_bytes bytes as they are, whatever they hold
+        return {"content": base64.b64encode(buf[:max_bytes]).decode(), "size": size, "truncated": truncated}
     if truncated:
         end = max_bytes
         # Back off over continuation bytes (10xxxxxx) so no character is split; valid UTF-8 needs at most 3.
@@ -582,7 +585,7 @@ OPS = {
     "inventory": lambda _req: {},
 }
 REQUEST_KEYS = {
-    "read": ["path", "max_bytes"],
+    "read": ["path", "max_bytes", "encoding"],
     "digest": ["path"],
     "list": ["path", "recursive", "max_depth", "max_entries"],
     "delete": ["paths"],

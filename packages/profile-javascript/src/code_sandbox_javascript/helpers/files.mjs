@@ -187,6 +187,7 @@ function readUpTo(fd, limit) {
 function opRead(req) {
   const parts = checkPath(req.path);
   if (!Number.isSafeInteger(req.max_bytes) || req.max_bytes < 1) throw new Refusal('INVALID_REQUEST');
+  if (req.encoding !== 'utf-8' && req.encoding !== 'base64') throw new Refusal('INVALID_REQUEST');
   const { fd, size } = openRegularFile(parts);
   // One byte past max_bytes is enough to tell whether the cut falls inside a character. Bounding the buffer by
   // the file size too keeps a generous max_bytes from costing memory.
@@ -194,6 +195,10 @@ function opRead(req) {
   const buf = (() => { try { return readUpTo(fd, limit); } finally { fs.closeSync(fd); } })();
   let end = buf.length;
   const truncated = end > req.max_bytes;
+  // base64: the first max_bytes bytes as they are, whatever they hold.
+  if (req.encoding === 'base64') {
+    return { content: buf.subarray(0, Math.min(end, req.max_bytes)).toString('base64'), size, truncated };
+  }
   if (truncated) {
     end = req.max_bytes;
     // Back off over continuation bytes (10xxxxxx) so no character is split; valid UTF-8 needs at most 3.
@@ -444,7 +449,7 @@ async function opWrite(req, take) {
 
 const OPS = { read: opRead, digest: opDigest, list: opList, delete: opDelete, write: opWrite, inventory: () => ({}) };
 const REQUEST_KEYS = {
-  read: ['path', 'max_bytes'], digest: ['path'], list: ['path', 'recursive', 'max_depth', 'max_entries'],
+  read: ['path', 'max_bytes', 'encoding'], digest: ['path'], list: ['path', 'recursive', 'max_depth', 'max_entries'],
   delete: ['paths'], inventory: [], write: ['overwrite', 'max_file_bytes', 'max_entries', 'max_total_bytes'],
 };
 
