@@ -124,6 +124,25 @@ async def test_a_per_path_answer_of_the_wrong_length_destroys_the_sandbox(sandbo
     assert sandboxes.destroyed == [ErrorCode.TRANSFER_FAILED]
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"content": "not base64!"},
+        {"content": "AAEC", "size": 4},  # three bytes said to be the whole four-byte file
+        {"content": "AAECAw==", "truncated": True},  # four bytes said to be a cut, but the whole file is four
+    ],
+)
+async def test_a_base64_read_that_is_not_the_bytes_asked_for_destroys_the_sandbox(
+    sandboxes: MemorySandboxes, edit: dict[str, object]
+) -> None:
+    await write_files(sandboxes, "only", [("b.bin", b"\x00\x01\x02\x03")], overwrite=False)
+    sandboxes.transport.edit_answer = lambda answer: {**answer, **edit}
+    with pytest.raises(SandboxError) as caught:
+        await read_file(sandboxes, "only", "b.bin", max_bytes=10, encoding="base64")
+    assert caught.value.code == ErrorCode.TRANSFER_FAILED
+    assert sandboxes.destroyed == [ErrorCode.TRANSFER_FAILED]
+
+
 # -- runs ----------------------------------------------------------------------------------------------------------
 
 

@@ -559,6 +559,10 @@ async def test_binary_files_go_in_and_out_as_base64_and_pictures_come_back_as_im
             "entrypoint": "m.js",
         }
         assert ok(await client.call_tool("execute_javascript", one_shot))["stdout"] == "[ 0, 1, 2 ]\n"
+    audit = (tmp_path / "state" / "audit.jsonl").read_text()
+    written = next(json.loads(line) for line in audit.splitlines() if json.loads(line)["tool"] == "write_files")
+    assert written["bytes"] == len(payload) + len(files[1]["content"]) + len(CHART.encode())  # decoded bytes
+    assert base64.b64encode(payload[:30]).decode() not in audit and "AAEC" not in audit  # never content
 
 
 async def test_a_run_result_says_what_cpu_time_and_memory_the_run_used(tmp_path: Path, engine: DockerEngine) -> None:
