@@ -13,6 +13,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -394,28 +395,71 @@ async def test_the_last_output_line_is_quoted_cleaned_cut_and_marked_with_its_st
     assert last.text == "second, partial line"
     await last.feed("stderr", "\x1b[31mred\u202eevil\x07\n".encode())
     assert (last.stream, last.text) == ("stderr", "[31mred evil")  # no escape, no bidi override, no bell
-    await last.feed("stdout", b"\xff" + b"x" * 500)
-    assert (last.stream, len(last.text), last.text[0]) == ("stdout", LAST_LINE_CHARS, "\ufffd")
+    await last.feed("stdout", b"\xff" + b"x" * 499 + b"y")
+    assert (last.stream, len(last.text), last.text[-2:]) == ("stdout", LAST_LINE_CHARS, "xy")  # its latest part
+    await last.feed("stdout", b"\n 10%\r 20%\r 30%")
+    assert last.text == "30%"  # a line redrawn with carriage returns: its last state
+    await last.feed("stdout", "\nok\u2028FAKE second line\n".encode())
+    assert last.text == "ok FAKE second line"  # a line separator cannot make it look like two lines
     await last.feed("stderr", b"\n\t\n")  # nothing to show: the last line stays
     assert last.stream == "stdout"
 
 
+def _png(width: int, height: int, *, crc_ok: bool = True) -> bytes:
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body) ^ (0 if crc_ok else 1)
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    header = struct.pack(">II", width, height) + bytes([8, 2, 0, 0, 0])
+    pixels = zlib.compress(b"\x00" * (1 + width * 3))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+def _jpeg(width: int, height: int, *, end: bytes = b"\xff\xd9") -> bytes:
+    app0 = b"\xff\xe0" + struct.pack(">H", 4) + b"JF"
+    frame = b"\xff\xc0" + struct.pack(">HBHH", 11, 8, height, width) + b"\x01\x01\x11\x00"
+    return b"\xff\xd8" + app0 + frame + end
+
+
+def _webp(width: int, height: int, *, size_delta: int = 0) -> bytes:
+    body = b"VP8X" + struct.pack("<I", 10) + b"\x00" * 4 + (width - 1).to_bytes(3, "little")
+    body += (height - 1).to_bytes(3, "little")
+    return b"RIFF" + struct.pack("<I", 4 + len(body) + size_delta) + b"WEBP" + body
+
+
 @pytest.mark.parametrize(
-    ("start", "picture_type"),
+    ("data", "expected"),
     [
-        (b"\x89PNG\r\n\x1a\n", "image/png"),
-        (b"\xff\xd8\xff\xe0", "image/jpeg"),
-        (b"GIF89a", "image/gif"),
-        (b"GIF87a", "image/gif"),
-        (b"RIFF\x00\x00\x00\x00WEBPVP8 ", "image/webp"),
-        (b"RIFF\x00\x00\x00\x00WAVEfmt ", None),
-        (b"<svg", None),
+        (_png(2, 1), "image/png"),
+        (_png(2, 1, crc_ok=False), None),  # a chunk that does not hold together
+        (_png(60000, 60000), None),  # well-formed, but a decompression bomb for whoever decodes it
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, None),  # only the signature
+        (_jpeg(640, 480), "image/jpeg"),
+        (_jpeg(640, 480, end=b""), None),
+        (b"GIF89a" + struct.pack("<HH", 10, 10) + b"\x00" * 8 + b";", "image/gif"),
+        (b"GIF87a" + struct.pack("<HH", 10, 10) + b"\x00" * 8, None),  # no trailer
+        (_webp(100, 50), "image/webp"),
+        (_webp(100, 50, size_delta=4), None),
+        (b"RIFF\x00\x00", None),
+        (b"<svg xmlns='http://www.w3.org/2000/svg'/>", None),
     ],
 )
-def test_a_picture_is_known_by_its_first_bytes_whole_and_small(start: bytes, picture_type: str | None) -> None:
-    data = start + b"\x00" * 64
-    assert ReadResult("", len(data), False, data).picture_type == picture_type
+def test_a_picture_is_one_whose_structure_holds_and_whose_size_is_modest(data: bytes, expected: str | None) -> None:
+    assert ReadResult("", len(data), False, data).picture_type == expected
     assert ReadResult("", len(data) + 1, True, data).picture_type is None  # cut: not a whole picture
-    big = start + b"\x00" * PICTURE_MAX_BYTES
-    assert ReadResult("", len(big), False, big).picture_type is None
     assert ReadResult("text", 4, False).picture_type is None  # a text read
+
+
+def test_a_picture_over_the_size_limit_is_not_returned_as_one() -> None:
+    big = _png(2, 1)
+    padded = big[:-12] + struct.pack(">I", PICTURE_MAX_BYTES) + b"tEXt" + b"\x00" * PICTURE_MAX_BYTES
+    assert ReadResult("", len(padded), False, padded).picture_type is None
+
+
+async def test_a_text_read_that_is_not_the_bytes_asked_for_destroys_the_sandbox(sandboxes: MemorySandboxes) -> None:
+    await write_files(sandboxes, "only", [("t.txt", "hello")], overwrite=False)
+    sandboxes.transport.edit_answer = lambda answer: {**answer, "content": "hello, and more than the file holds"}
+    with pytest.raises(SandboxError) as caught:
+        await read_file(sandboxes, "only", "t.txt", max_bytes=100)
+    assert caught.value.code == ErrorCode.TRANSFER_FAILED
+    assert sandboxes.destroyed == [ErrorCode.TRANSFER_FAILED]

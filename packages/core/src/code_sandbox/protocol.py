@@ -11,6 +11,8 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from code_sandbox.limits import MAX_FILE_BYTES
+
 PROTOCOL_VERSION = 5
 """The version of these messages and of the helpers' command lines and framing. A profile declares the version its
 helpers speak, and the image carries it as the label :data:`PROTOCOL_LABEL`; both must equal this."""
@@ -22,8 +24,8 @@ count or duration comes near it."""
 MAX_B64_CHARS = (64 * 1024 * 1024 * 4) // 3 + 4
 """Base64 of the runner's largest output cap (64 MiB)."""
 MAX_TEXT_CHARS = 2 * 1024 * 1024
-MAX_READ_CHARS = (MAX_TEXT_CHARS + 2) // 3 * 4
-"""A read's content: 2 MiB of text, or base64 of 2 MiB of bytes."""
+MAX_READ_CHARS = (MAX_FILE_BYTES + 2) // 3 * 4
+"""A read's content: base64 of the largest file; a text read is held to its byte counts by the caller."""
 MAX_PATH_CHARS = 8192
 MAX_LIST_ENTRIES = 1000
 MAX_RESULTS = 100

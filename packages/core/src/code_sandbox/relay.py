@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import re
 import time
 import unicodedata
 from collections.abc import Callable, Coroutine
@@ -168,7 +169,10 @@ def update_reader(
 
 
 LAST_LINE_CHARS = 200
-"""The most of a program's output line a progress message quotes."""
+"""The most of a program's output line a progress message quotes (its end, the most recent part)."""
+_INVISIBLE = ("Cc", "Cf", "Zl", "Zp")
+"""Control and format characters, and line and paragraph separators: shown as spaces, so a quoted line can neither
+steer a terminal nor look like two lines."""
 
 
 class LastLine:
@@ -186,7 +190,8 @@ class LastLine:
     async def feed(self, stream: str, data: bytes) -> None:
         tail = (self._tails.get(stream, b"") + data)[-4096:]
         self._tails[stream] = tail
-        line = tail.rstrip(b"\r\n").rsplit(b"\n", 1)[-1].decode("utf-8", "replace")
-        text = "".join(" " if unicodedata.category(char) in ("Cc", "Cf") else char for char in line).strip()
+        # The last line, or the last state of a line redrawn with carriage returns (a progress bar).
+        line = re.split(rb"[\r\n]", tail.rstrip(b"\r\n"))[-1].decode("utf-8", "replace")
+        text = "".join(" " if unicodedata.category(char) in _INVISIBLE else char for char in line).strip()
         if text:
-            self.stream, self.text = stream, text[:LAST_LINE_CHARS]
+            self.stream, self.text = stream, text[-LAST_LINE_CHARS:]

@@ -313,8 +313,9 @@ class RunOutput(Output):
     peak_memory_bytes: int | None = Field(
         description="The most memory the run used at once, in bytes: the sandbox cgroup's memory (the program, "
         "its children and the files they wrote to /workspace and /tmp) above what it used just before the run, "
-        "from the cgroup's high-water mark when the run set a new one, else its highest sample (every 20 ms). "
-        "Null where the counter cannot be read."
+        "from the cgroup's high-water mark when the run set a new one, else its highest sample (every 20 ms), "
+        "so a short spike below an earlier run's peak can be missed: a lower bound. Null where the counter "
+        "cannot be read."
     )
 
 

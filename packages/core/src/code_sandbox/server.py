@@ -258,7 +258,11 @@ class SandboxServer(Server[None]):
             hashed = cast(str | None, counts.pop("session_hash", hashed))
             blocks: list[ContentBlock] = [TextContent(type="text", text=output.model_dump_json())]
             if isinstance(output, ReadFileOutput) and output.image_type is not None:
-                blocks.append(ImageContent(type="image", data=output.content, mime_type=output.image_type))
+                # The picture once, as a picture: its base64 stays out of the text a model reads.
+                blocks = [
+                    TextContent(type="text", text=output.model_dump_json(exclude={"content"})),
+                    ImageContent(type="image", data=output.content, mime_type=output.image_type),
+                ]
             return CallToolResult(content=blocks, structured_content=output.model_dump(mode="json"))
         except SandboxError as error:
             result_code = str(error.code)

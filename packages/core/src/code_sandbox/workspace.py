@@ -31,6 +31,7 @@ from code_sandbox.limits import (
     WORKSPACE_BYTES,
 )
 from code_sandbox.paths import validate_path
+from code_sandbox.pictures import picture_type
 from code_sandbox.protocol import (
     DeleteAnswer,
     DeleteRequest,
@@ -108,20 +109,12 @@ class ReadResult:
 
     @property
     def picture_type(self) -> str | None:
-        """The MIME type of a whole PNG, JPEG, GIF or WebP file of at most 1 MiB (by its first bytes, not its name),
-        for clients that show pictures; ``None`` for anything else."""
+        """The MIME type of a whole, well-formed PNG, JPEG, GIF or WebP file of at most 1 MiB and modest size in
+        pixels (:mod:`code_sandbox.pictures`), for clients that show pictures; ``None`` for anything else."""
         data = self.data
         if data is None or self.truncated or len(data) > PICTURE_MAX_BYTES:
             return None
-        if data.startswith(b"\x89PNG\r\n\x1a\n"):
-            return "image/png"
-        if data.startswith(b"\xff\xd8\xff"):
-            return "image/jpeg"
-        if data.startswith((b"GIF87a", b"GIF89a")):
-            return "image/gif"
-        if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
-            return "image/webp"
-        return None
+        return picture_type(data)
 
 
 def encode_write_stream(files: Sequence[tuple[str, bytes]]) -> Iterator[bytes]:
@@ -224,16 +217,23 @@ async def read_file(
     request = ReadRequest(path=validate_path(path), max_bytes=max_bytes, encoding=encoding)
     async with sandboxes.channel(session_id) as channel:
         answer = await call_file_helper(channel, request, ReadAnswer)
-        if encoding == "utf-8":
-            return ReadResult(answer.content, answer.size, answer.truncated)
-        data = _read_bytes(answer, max_bytes)
+        data = _read_bytes(answer, max_bytes) if encoding == "base64" else _read_text(answer, max_bytes)
         if data is None:
             raise await channel.fail_closed(
                 SandboxError(
                     ErrorCode.TRANSFER_FAILED, "the file helper answered out of protocol; the sandbox was destroyed"
                 )
             )
-    return ReadResult(answer.content, answer.size, answer.truncated, data)
+    return ReadResult(answer.content, answer.size, answer.truncated, data if encoding == "base64" else None)
+
+
+def _read_text(answer: ReadAnswer, max_bytes: int) -> bytes | None:
+    """A text read's bytes, if they are what was asked for: the whole file, or its first ``max_bytes`` bytes less
+    at most the 3 bytes of a character that the cut would have split."""
+    data = answer.content.encode("utf-8", "surrogatepass")
+    whole = not answer.truncated and len(data) == answer.size <= max_bytes
+    cut = answer.truncated and max_bytes - 3 <= len(data) <= max_bytes < answer.size
+    return data if whole or cut else None
 
 
 def _read_bytes(answer: ReadAnswer, max_bytes: int) -> bytes | None:
