@@ -22,6 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, cast
 
+from code_sandbox.liveness import is_private_directory
+
 MAX_ANSWER_BYTES = 256 * 1024
 """A recorded answer is a few KiB (the instructions are the largest part); anything larger is not ours."""
 SERVER_NAME = "code-sandbox"
@@ -89,10 +91,9 @@ class RecordedAnswers:
     def _private_directory(self) -> bool:
         """Whether the directory is a real one of this user that nobody else can write."""
         try:
-            facts = os.lstat(self.directory)
+            return is_private_directory(os.lstat(self.directory))
         except OSError:
             return False
-        return stat.S_ISDIR(facts.st_mode) and facts.st_uid == os.geteuid() and not facts.st_mode & 0o022
 
     def get(self, protocol_version: str) -> dict[str, Any] | None:
         if not self._private_directory():

@@ -34,6 +34,7 @@ from code_sandbox.hardening import (
     ContainerRequest,
     user_of,
 )
+from code_sandbox.liveness import is_private_directory
 from code_sandbox.profile import ImageContents, ImageSpec, Profile
 from code_sandbox.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
 
@@ -194,8 +195,7 @@ class VerifiedImages:
             directory, entry = self.directory.lstat(), (self.directory / key).lstat()
         except OSError:
             return False
-        private = stat.S_ISDIR(directory.st_mode) and directory.st_uid == os.geteuid() and not directory.st_mode & 0o022
-        return private and stat.S_ISREG(entry.st_mode) and entry.st_uid == os.geteuid()
+        return is_private_directory(directory) and stat.S_ISREG(entry.st_mode) and entry.st_uid == os.geteuid()
 
     def add(self, key: str) -> None:
         """Record a pass; a failure to record only means the next server verifies again."""

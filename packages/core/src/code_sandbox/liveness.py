@@ -170,12 +170,15 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
+def is_private_directory(info: os.stat_result) -> bool:
+    """Whether ``info`` (from ``lstat``) is a real directory of this user that nobody else can write: the only kind
+    in which what the state directory records is believed."""
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
 def _servers_dir(state_dir: Path, *, create: bool) -> Path | None:
-    """``state_dir/servers`` when it is a real directory of this user that nobody else can write, else ``None``."""
+    """``state_dir/servers`` when it is a private directory (:func:`is_private_directory`), else ``None``."""
     servers = state_dir / SERVERS_DIR
     if create:
         servers.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(servers)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        return None
-    return servers
+    return servers if is_private_directory(os.lstat(servers)) else None

@@ -10,7 +10,7 @@ import base64
 import binascii
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from code_sandbox.limits import (
     DEFAULT_READ_BYTES,
@@ -75,18 +75,20 @@ class FileInput(StrictInput):
         "in standard base64.",
     )
 
+    _decoded: bytes | None = PrivateAttr(default=None)
+
     @model_validator(mode="after")
     def _base64_decodes(self) -> FileInput:
         if self.encoding == "base64":
             try:
-                base64.b64decode(self.content, validate=True)
+                self._decoded = base64.b64decode(self.content, validate=True)  # decoded once, kept for data()
             except (binascii.Error, ValueError):
                 raise ValueError("content is not valid base64") from None
         return self
 
     def data(self) -> str | bytes:
         """The file's text, or its bytes (base64 decoded)."""
-        return base64.b64decode(self.content, validate=True) if self.encoding == "base64" else self.content
+        return self._decoded if self._decoded is not None else self.content
 
 
 Files = Annotated[

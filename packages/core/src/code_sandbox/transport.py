@@ -19,6 +19,7 @@ import json
 import struct
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -292,12 +293,13 @@ class ChannelTransport(DockerTransport):
         self._channels: dict[Target, tuple[HeldExec, int]] = {}
         self._supervisors: dict[str, HeldExec] = {}
         self._gates: dict[tuple[str, str], threading.Lock] = {}
-        self._closed: dict[str, None] = {}
+        self._closed: OrderedDict[str, None] = OrderedDict()
+        """Containers closed (being removed), the latest :data:`CLOSED_KEPT` of them: a channel that an opener
+        finishes for one of them is closed at once."""
         self._opened: set[Target] = set()
+        """Targets whose channel has been opened at least once (until their container is closed)."""
         self._shut = False
         """Set by :meth:`close_all`: from then on no channel is opened or kept, whoever opens it."""
-        """Targets whose channel has been opened at least once (until their container is closed)."""
-        """Containers closed (being removed): a channel that an opener finishes for one of them is closed at once."""
         self._lock = threading.Lock()
 
     def prepare(self, target: Target) -> None:
@@ -351,10 +353,10 @@ class ChannelTransport(DockerTransport):
         """Note containers as closed (the caller holds the lock). Only the latest are kept: the note matters while an
         opener that started before the close may still finish, which is at most :data:`OPEN_SECONDS`."""
         for container in containers:
-            self._closed.pop(container, None)
             self._closed[container] = None
-        for oldest in list(self._closed)[: max(0, len(self._closed) - CLOSED_KEPT)]:
-            del self._closed[oldest]
+            self._closed.move_to_end(container)
+        while len(self._closed) > CLOSED_KEPT:
+            self._closed.popitem(last=False)
 
     def _gate(self, key: tuple[str, str]) -> threading.Lock:
         """One opener at a time per channel, so that two callers never open two of them."""

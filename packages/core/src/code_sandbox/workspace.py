@@ -219,11 +219,7 @@ async def read_file(
         answer = await call_file_helper(channel, request, ReadAnswer)
         data = _read_bytes(answer, max_bytes) if encoding == "base64" else _read_text(answer, max_bytes)
         if data is None:
-            raise await channel.fail_closed(
-                SandboxError(
-                    ErrorCode.TRANSFER_FAILED, "the file helper answered out of protocol; the sandbox was destroyed"
-                )
-            )
+            raise await channel.fail_closed(_out_of_protocol())
     return ReadResult(answer.content, answer.size, answer.truncated, data if encoding == "base64" else None)
 
 
@@ -295,16 +291,17 @@ async def check_file_reply(channel: Channel, reply: M | Refusal, results: int | 
     anything untrustworthy destroys the session."""
     if not isinstance(reply, Refusal):
         if results is not None and len(getattr(reply, "results", ())) != results:
-            raise await channel.fail_closed(
-                SandboxError(
-                    ErrorCode.TRANSFER_FAILED, "the file helper answered out of protocol; the sandbox was destroyed"
-                )
-            )
+            raise await channel.fail_closed(_out_of_protocol())
         return reply
     if reply.code in _REFUSALS and not reply.partial:
         error_code, message = _REFUSALS[reply.code]
         raise SandboxError(error_code, message)
     raise await channel.fail_closed(file_refusal_error(reply))
+
+
+def _out_of_protocol() -> SandboxError:
+    message = "the file helper answered out of protocol; the sandbox was destroyed"
+    return SandboxError(ErrorCode.TRANSFER_FAILED, message)
 
 
 def file_refusal_error(reply: Refusal) -> SandboxError:
