@@ -2,89 +2,24 @@
 
 from __future__ import annotations
 
-import io
-import tarfile
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.image import verify_image
-from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, Profile
+from code_sandbox.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL
+from code_sandbox.profile import Profile
 
+from tests.support.own_tag import Variant, variant_of
 from tests.support.run import worker_tag
 
 pytestmark = pytest.mark.docker
 
 
-class OwnTagProfile(Profile):
-    """The installed profile under another name, whose image spec names a tag of the test's own: verification
-    then looks at what the test built, and the shared image and its allowlisted tag stay untouched."""
-
-    def __init__(self, base: Profile, tag: str) -> None:
-        self.base = base
-        self.tag = tag
-        self.info = replace(base.info, name=f"{base.name}-own-tag")
-
-    def image_spec(self) -> ImageSpec:
-        return replace(self.base.image_spec(), tag=self.tag)
-
-    def image_contents(self, runtime: Path | None) -> ImageContents:
-        return self.base.image_contents(runtime)
-
-    def build_run_argv(self, entrypoint: str, arguments: Sequence[str]) -> list[str]:
-        return self.base.build_run_argv(entrypoint, arguments)
-
-    def helper_argv(self, helper: HelperKind) -> list[str]:
-        return self.base.helper_argv(helper)
-
-    def probe_argv(self) -> list[str]:
-        return self.base.probe_argv()
-
-
-@dataclass
-class Variant:
-    """Variants of the good image, built under a tag of this worker's own and checked with :class:`OwnTagProfile`."""
-
-    engine: DockerEngine
-    profile: Profile
-    good_image: str
-
-    def build(self, dockerfile_tail: str, files: dict[str, bytes] | None = None) -> None:
-        dockerfile = f"FROM {self.good_image}\n{dockerfile_tail}\n"
-        tag = self.profile.image_spec().tag
-        # One instruction after FROM and no build labels: one image, no intermediate ones left behind.
-        self.engine.build_image(_context(dockerfile, files or {}), tag=tag, labels={}, on_step=lambda _step: None)
-
-    def failed_checks(self) -> set[str]:
-        report = verify_image(self.engine, self.profile)
-        assert not report.passed
-        return {check.name for check in report.checks if not check.passed}
-
-
-def _context(dockerfile: str, files: dict[str, bytes]) -> io.BytesIO:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for name, data in {"Dockerfile": dockerfile.encode(), **files}.items():
-            entry = tarfile.TarInfo(name)
-            entry.size = len(data)
-            entry.mode = 0o555
-            archive.addfile(entry, io.BytesIO(data))
-    buffer.seek(0)
-    return buffer
-
-
 @pytest.fixture
 def variant(engine: DockerEngine, profile: Profile, image_id: str) -> Iterator[Variant]:
-    """Nothing is built under the test's tag until the test builds it; afterwards the tag and the variant are gone."""
-    tag = f"code-sandbox-test-variant:{worker_tag()}"
-    own = OwnTagProfile(profile, tag)
-    assert engine.image_facts(tag) is None, f"{tag} is left from an earlier test"
-    yield Variant(engine, own, image_id)
-    # Removing a variant's last tag removes the variant (not its parent, the good image); it fails while a
-    # container still uses it. Another run's identical variant (the build cache) goes with that run's tag.
-    engine.untag_image(tag)
+    with variant_of(engine, profile, image_id, f"code-sandbox-test-variant:{worker_tag()}") as variant:
+        yield variant
 
 
 def test_the_offline_image_passes_verification_and_stays_small(
@@ -125,3 +60,18 @@ def test_verify_fails_for_a_root_user(variant: Variant) -> None:
 
 def test_verify_reports_a_missing_image(variant: Variant) -> None:
     assert variant.failed_checks() == {"image present"}  # nothing is built under the test's tag
+
+
+def test_verify_fails_for_a_package_tree_without_labels(variant: Variant) -> None:
+    variant.build("COPY index.js /node_modules/left-pad/index.js", {"index.js": b"1\n"}, mode=0o444)
+    assert variant.failed_checks() == {"package set"}
+
+
+def test_verify_fails_for_package_labels_without_a_tree(variant: Variant) -> None:
+    variant.build(f'LABEL {PACKAGES_LABEL}="ms@2.1.3" {PACKAGES_DIGEST_LABEL}="{"0" * 64}"')
+    assert variant.failed_checks() == {"package set"}
+
+
+def test_verify_fails_for_malformed_package_labels(variant: Variant) -> None:
+    variant.build(f'LABEL {PACKAGES_LABEL}="ms@2.1.3 ms@2.1.3" {PACKAGES_DIGEST_LABEL}="{"0" * 64}"')
+    assert variant.failed_checks() == {"package set"}

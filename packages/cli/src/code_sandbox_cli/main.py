@@ -225,6 +225,30 @@ def build_image(
             resolve_path=True,
         ),
     ] = None,
+    packages: Annotated[
+        Path | None,
+        typer.Option(
+            "--packages",
+            help="Vendor the packages this lockfile pins into the image, read-only; the profile says which format "
+            "it reads and checks every package (README: Offline package sets).",
+            exists=True,
+            dir_okay=False,
+            resolve_path=True,
+            metavar="LOCKFILE",
+        ),
+    ] = None,
+    tarballs: Annotated[
+        Path | None,
+        typer.Option(
+            "--tarballs",
+            help="Take the packages from this directory of package archives, or package cache, instead of "
+            "downloading them (each is found by its digest).",
+            exists=True,
+            file_okay=False,
+            resolve_path=True,
+            metavar="DIR",
+        ),
+    ] = None,
 ) -> None:
     """Build the sandbox image and tag it with the profile's single allowlisted tag."""
     from code_sandbox.engine import DockerEngine
@@ -239,16 +263,23 @@ def build_image(
             err=True,
         )
         raise typer.Exit(2)
+    if tarballs is not None and packages is None:
+        typer.echo("code-sandbox: --tarballs needs --packages", err=True)
+        raise typer.Exit(2)
+
+    def progress(text: str) -> None:
+        typer.echo(f"  {text}", err=True)
+
     engine = DockerEngine(labels=settings.container_labels())
     try:
-        image_id = build_offline_image(
-            engine, profile, runtime=runtime, progress=lambda text: typer.echo(f"  {text}", err=True)
-        )
+        vendored = None if packages is None else profile.package_set(packages, sources=tarballs, progress=progress)
+        image_id = build_offline_image(engine, profile, runtime=runtime, progress=progress, packages=vendored)
     except SandboxError as error:
         fail(error)
     finally:
         engine.close()
-    typer.echo(f"built {profile.image_spec().tag} ({image_id[:19]})")
+    listed = f", packages: {' '.join(vendored.packages)}" if vendored is not None else ""
+    typer.echo(f"built {profile.image_spec().tag} ({image_id[:19]}){listed}")
 
 
 @app.command("verify-image")

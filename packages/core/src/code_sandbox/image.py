@@ -2,8 +2,9 @@
 
 The offline build writes a ``FROM scratch`` context in memory: the profile's runtime binary (root-owned and
 unreadable, mode 0711), its files (helpers, any library tree; root-owned, 0555), the shared libraries these need,
-``/etc/passwd`` and ``/etc/group`` with the supervisor user, and empty mount points. Verification checks labels
-(including the helper protocol's version), user, contents and a real run.
+an operator's package set if one is given (root-owned, read-only), ``/etc/passwd`` and ``/etc/group`` with the
+supervisor user, and empty mount points. Verification checks labels (including the helper protocol's version),
+user, contents (the package tree against its digest) and a real run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from code_sandbox.elf import is_elf, resolve_runtime_files
-from code_sandbox.engine import DockerEngine, ImageFacts
+from code_sandbox.engine import DockerEngine, FileEntry, ImageFacts
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
@@ -35,7 +36,17 @@ from code_sandbox.hardening import (
     user_of,
 )
 from code_sandbox.liveness import is_private_directory
-from code_sandbox.profile import ImageContents, ImageSpec, Profile
+from code_sandbox.package_sets import (
+    DIRECTORY_MODE,
+    FILE_MODE,
+    PACKAGES_DIGEST_LABEL,
+    PACKAGES_LABEL,
+    is_package_name,
+    packages_of,
+    set_digest,
+    set_labels,
+)
+from code_sandbox.profile import ImageContents, ImageSpec, PackageSet, Profile
 from code_sandbox.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
 
 Progress = Callable[[str], None]
@@ -60,10 +71,18 @@ _DOCKERFILE = (
 )
 
 
-def build_offline_image(engine: DockerEngine, profile: Profile, *, runtime: Path | None, progress: Progress) -> str:
+def build_offline_image(
+    engine: DockerEngine,
+    profile: Profile,
+    *,
+    runtime: Path | None,
+    progress: Progress,
+    packages: PackageSet | None = None,
+) -> str:
     """Build the profile's image without any registry and tag it with the profile's single allowlisted tag.
 
     :param runtime: an operator-supplied runtime binary, or ``None`` for the profile's pinned one.
+    :param packages: a checked package set to vendor (:meth:`Profile.package_set`), or ``None`` for none.
     :return: the new image's immutable ``sha256:`` ID.
     """
     daemon = engine.daemon_facts()
@@ -76,6 +95,8 @@ def build_offline_image(engine: DockerEngine, profile: Profile, *, runtime: Path
     progress("collecting the runtime and helpers")
     contents = profile.image_contents(runtime)
     spec = profile.image_spec()
+    if packages is not None and spec.package_root is None:
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"the {profile.name} profile has no package sets")
     files = _read_files(contents)
     modules = [source for path, source in contents.files.items() if isinstance(source, Path) and is_elf(files[path])]
     info, libraries = resolve_runtime_files(contents.runtime_source, modules)
@@ -95,13 +116,15 @@ def build_offline_image(engine: DockerEngine, profile: Profile, *, runtime: Path
         )
     for image_path, host_path in libraries.items():
         files.setdefault(image_path, host_path.read_bytes())
-    progress(f"writing the build context ({len(files)} files, {len(libraries)} of them libraries)")
-    context = _build_context(runtime_bytes, contents.runtime_path, files)
+    tree = _package_tree(spec, packages)
+    progress(f"writing the context ({len(files)} files, {len(libraries)} of them libraries; {len(tree)} vendored)")
+    context = _build_context(runtime_bytes, contents.runtime_path, files, tree)
     progress(f"sending {context.getbuffer().nbytes // (1024 * 1024)} MiB to the Docker engine")
     labels = {
         **spec.labels,
         spec.runtime_version_label: contents.runtime_version,
         PROTOCOL_LABEL: str(PROTOCOL_VERSION),
+        **(set_labels(packages.packages, packages.files) if packages is not None else {}),
     }
     image_id = engine.build_image(context, tag=spec.tag, labels=labels, on_step=progress)
     progress(f"built {spec.tag}")
@@ -122,17 +145,36 @@ def _read_files(contents: ImageContents) -> dict[str, bytes]:
     return files
 
 
-def _build_context(runtime: bytes, runtime_path: str, contents: Mapping[str, bytes]) -> io.BytesIO:
+def _package_tree(spec: ImageSpec, packages: PackageSet | None) -> dict[str, bytes]:
+    """The package set's files at their image paths; each relative path is checked again here."""
+    if packages is None or spec.package_root is None:
+        return {}
+    listed = packages.packages
+    if not listed or listed != tuple(sorted(set(listed))) or not all(map(is_package_name, listed)):
+        raise SandboxError(ErrorCode.PROFILE_ERROR, "the profile's package list is empty, unsorted or malformed")
+    tree: dict[str, bytes] = {}
+    for relative, data in packages.files.items():
+        if any(part in ("", ".", "..") for part in relative.split("/")):  # an absolute path starts with ""
+            raise SandboxError(ErrorCode.PROFILE_ERROR, "the profile put a package file outside the package tree")
+        tree[f"{spec.package_root}/{relative}"] = data
+    return tree
+
+
+def _build_context(
+    runtime: bytes, runtime_path: str, contents: Mapping[str, bytes], tree: Mapping[str, bytes]
+) -> io.BytesIO:
     buffer = io.BytesIO()
     files: dict[str, tuple[bytes, int]] = {path: (data, 0o555) for path, data in contents.items()}
+    files.update((path, (data, FILE_MODE)) for path, data in tree.items())
     files[runtime_path] = (runtime, RUNTIME_MODE)
     files["/etc/passwd"] = (_PASSWD.encode(), 0o444)
     files["/etc/group"] = (_GROUP.encode(), 0o444)
     directories = {WORKSPACE_DIR: 0o700, SCRATCH_DIR: 0o700}
     for image_path in files:
+        mode = DIRECTORY_MODE if image_path in tree else 0o755
         for parent in PurePosixPath(image_path).parents:
             if str(parent) != "/":
-                directories.setdefault(str(parent), 0o755)
+                directories.setdefault(str(parent), mode)
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
         archive.addfile(
             _tar_entry("Dockerfile", tarfile.REGTYPE, 0o444, len(_DOCKERFILE)), io.BytesIO(_DOCKERFILE.encode())
@@ -157,7 +199,7 @@ def _tar_entry(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
     return entry
 
 
-VERIFIER_VERSION = 1
+VERIFIER_VERSION = 2
 """Bump when :func:`verify_image` checks something new: passes recorded by an earlier version then no longer count."""
 
 
@@ -223,6 +265,8 @@ class VerifyReport:
     checks: list[Check] = field(default_factory=list[Check])
     image: ImageFacts | None = None
     runtime_version: str | None = None
+    packages: tuple[str, ...] = ()
+    """The vendored packages the image's labels state (checked against the tree when the report passed)."""
 
     @property
     def passed(self) -> bool:
@@ -250,21 +294,24 @@ def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | Non
     report.add("non-root user", user_ok, image.user or "none set")
     daemon = engine.daemon_facts()
     report.add("architecture", image.architecture == daemon.architecture, image.architecture)
-    _verify_contents(engine, spec, image.id, report)
+    _verify_contents(engine, spec, image, report)
     _verify_run(engine, profile, image, apparmor=daemon.apparmor if apparmor is None else apparmor, report=report)
     return report
 
 
-def _verify_contents(engine: DockerEngine, spec: ImageSpec, image_id: str, report: VerifyReport) -> None:
+def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, report: VerifyReport) -> None:
     expected, runtime_path = spec.helper_digests, spec.runtime_path
     forbidden_names = FORBIDDEN_NAMES | spec.forbidden_names
-    request = ContainerRequest(image_id=image_id, command=["/nonexistent"], labels=_probe_labels(), apparmor=False)
+    request = ContainerRequest(image_id=image.id, command=["/nonexistent"], labels=_probe_labels(), apparmor=False)
     container_id = engine.create_container(request, start=False)
     forbidden: set[str] = set()
     helpers: dict[str, tuple[str | None, int, int]] = {}
     runtime_found = False
+    tree = _TreeCheck(spec.package_root)
     try:
         for entry in engine.export_filesystem(container_id):
+            if tree.take(entry):
+                continue
             if PurePosixPath(entry.path).name in forbidden_names:
                 forbidden.add(entry.path)
             if entry.path in expected:
@@ -280,6 +327,45 @@ def _verify_contents(engine: DockerEngine, spec: ImageSpec, image_id: str, repor
     bad = sorted(path for path, digest in expected.items() if helpers.get(path) != (digest, 0o555, 0))
     report.add("helpers match the profile's", not bad, "all match" if not bad else "differ: " + ", ".join(bad))
     report.add("runtime sealed", runtime_found, f"{runtime_path} root-owned, mode {RUNTIME_MODE:o}")
+    tree.report(image, report)
+
+
+class _TreeCheck:
+    """Collects the package tree from an export and checks it against the image's package labels."""
+
+    def __init__(self, root: str | None) -> None:
+        self.root = root
+        self.found = False
+        self.files: list[tuple[str, str]] = []
+        self.odd: list[str] = []  # not a root-owned read-only file or directory
+
+    def take(self, entry: FileEntry) -> bool:
+        """Take ``entry`` if it is in the package tree (the root included)."""
+        if self.root is None or (entry.path != self.root and not entry.path.startswith(self.root + "/")):
+            return False
+        self.found = True
+        relative = entry.path.removeprefix(self.root).lstrip("/")
+        if entry.kind == "file" and entry.uid == 0 and entry.mode == FILE_MODE and entry.sha256 is not None:
+            self.files.append((relative, entry.sha256))
+        elif not (entry.kind == "directory" and entry.uid == 0 and entry.mode == DIRECTORY_MODE):
+            self.odd.append(entry.path)
+        return True
+
+    def report(self, image: ImageFacts, report: VerifyReport) -> None:
+        packages = packages_of(image.labels)
+        if packages is None:
+            report.add("package set", False, f"malformed {PACKAGES_LABEL} or {PACKAGES_DIGEST_LABEL} labels")
+        elif not packages:
+            report.add("package set", not self.found, "none" if not self.found else "a package tree with no labels")
+        elif self.root is None:
+            report.add("package set", False, "labelled with packages, but the profile vendors none")
+        elif self.odd:
+            report.add("package set", False, "not read-only and root-owned: " + ", ".join(sorted(self.odd)[:5]))
+        elif set_digest(packages, self.files) != image.labels[PACKAGES_DIGEST_LABEL]:
+            report.add("package set", False, f"the tree under {self.root} differs from its digest")
+        else:
+            report.packages = packages
+            report.add("package set", True, f"{len(packages)} packages; the tree under {self.root} matches")
 
 
 def _probe_labels() -> dict[str, str]:

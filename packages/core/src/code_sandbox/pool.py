@@ -10,7 +10,7 @@ import anyio
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import user_of
-from code_sandbox.provisioner import Provisioner, run_sync
+from code_sandbox.provisioner import Provisioned, Provisioner, run_sync
 from code_sandbox.transport import Target
 
 logger = logging.getLogger(__name__)
@@ -28,8 +28,7 @@ CLAIM_WAIT_SECONDS = 2.0
 class _Pooled:
     """A warm container, started and unclaimed."""
 
-    container_id: str
-    uid: int
+    made: Provisioned
     usable_until: float  # monotonic; after it the container is about to die by itself
 
 
@@ -63,20 +62,21 @@ class WarmPool:
         finally:
             self._waiting -= 1
 
-    async def claim(self) -> tuple[str, int] | None:
+    async def claim(self) -> Provisioned | None:
         """Hand out a warm container, at most once: its watchdog switches to the session's lifetime from now."""
         while self._pool:
             pooled = self._pool.pop(0)
             self._pool_changed.set()
+            container_id = pooled.made.container_id
             if self.clock() >= pooled.usable_until:
-                await self.provisioner.discard(pooled.container_id)
+                await self.provisioner.discard(container_id)
                 continue
             try:
-                await run_sync(self.provisioner.engine.signal_container, pooled.container_id, CLAIM_SIGNAL)
+                await run_sync(self.provisioner.engine.signal_container, container_id, CLAIM_SIGNAL)
             except SandboxError:
-                await self.provisioner.discard(pooled.container_id)
+                await self.provisioner.discard(container_id)
                 continue
-            return pooled.container_id, pooled.uid
+            return pooled.made
         return None
 
     async def run(self, retry_seconds: float = POOL_RETRY_SECONDS) -> None:
@@ -93,7 +93,7 @@ class WarmPool:
             now = self.clock()
             for stale in [p for p in self._pool if now >= p.usable_until]:
                 self._pool.remove(stale)
-                await self.provisioner.discard(stale.container_id)
+                await self.provisioner.discard(stale.made.container_id)
             try:
                 while len(self._pool) + len(self._warming) < target and not self._closing:
                     await self._add_warm_container(pool_seconds)
@@ -113,10 +113,11 @@ class WarmPool:
 
     async def _make_warm_container(self, pool_seconds: int) -> None:
         # Known from the moment it exists, so that a shutdown drains it even while it is still getting ready.
-        container_id, uid = "", 0
+        made = Provisioned("", 0)
         with anyio.CancelScope(shield=True):
-            container_id, uid = await self.provisioner.create_container("pool", pool_seconds=pool_seconds)
-            self._warming.add(container_id)
+            made = await self.provisioner.create_container("pool", pool_seconds=pool_seconds)
+            self._warming.add(made.container_id)
+        container_id, uid = made.container_id, made.uid
         try:
             ready = await self.provisioner.watchdog_ready(container_id, uid)
             if ready and not self._closing:
@@ -138,13 +139,13 @@ class WarmPool:
             if not self._closing:  # else it failed because the shutdown removed it: nothing to report
                 raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "a warm container did not get ready")
             return
-        self._pool.append(_Pooled(container_id, uid, self.clock() + pool_seconds - POOL_MARGIN_SECONDS))
+        self._pool.append(_Pooled(made, self.clock() + pool_seconds - POOL_MARGIN_SECONDS))
         self._pool_changed.set()
 
     @property
     def warm_containers(self) -> tuple[str, ...]:
         """The container IDs waiting in the warm pool (core-internal, like every container ID)."""
-        return tuple(pooled.container_id for pooled in self._pool)
+        return tuple(pooled.made.container_id for pooled in self._pool)
 
     async def wait_for_pool(self) -> None:
         """Wait until the warm pool is full (benchmarks and tests use it to measure a warm hand-out)."""
@@ -158,5 +159,5 @@ class WarmPool:
 
     def drain(self) -> list[str]:
         """Empty the pool; returns its containers and those still warming, for the caller to remove."""
-        pooled, self._pool = [entry.container_id for entry in self._pool], []
+        pooled, self._pool = [entry.made.container_id for entry in self._pool], []
         return [*pooled, *self._warming]

@@ -8,10 +8,12 @@ object; core itself names no runtime. ``docs/profiles.md`` describes how to writ
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from code_sandbox.errors import ErrorCode, SandboxError
 
 HelperKind = Literal["watchdog", "files", "runner"]
 """The three in-container helpers: the lifetime watchdog, the file helper and the runner."""
@@ -61,7 +63,10 @@ class ImageSpec:
     :param runtime_version_label: the label whose value must equal what ``runtime_version_argv`` prints.
     :param runtime_version_argv: argv that prints the runtime's version inside a hardened container.
     :param forbidden_names: file names that must not exist anywhere in the image, besides core's (shells,
-        system package managers, privilege tools): the runtime's own package managers, say.
+        system package managers, privilege tools): the runtime's own package managers, say. The package tree is
+        exempt: nothing in it can be executed (files 0444, directories 0555, all root-owned).
+    :param package_root: where a package set (:class:`PackageSet`) goes in the image, a directory the runtime
+        searches by itself; ``None`` when the profile vendors no packages.
     """
 
     tag: str
@@ -71,6 +76,23 @@ class ImageSpec:
     runtime_version_label: str
     runtime_version_argv: Sequence[str]
     forbidden_names: frozenset[str] = frozenset()
+    package_root: str | None = None
+
+
+@dataclass(frozen=True)
+class PackageSet:
+    """Third-party packages vendored into the image, read-only, under :attr:`ImageSpec.package_root`.
+
+    A profile makes it from an operator's manifest (:meth:`Profile.package_set`) after checking every package;
+    core writes the tree (root-owned, files 0444, directories 0555), labels the image with the list and a digest
+    of list and tree (:mod:`code_sandbox.package_sets`), and ``verify-image`` checks the tree on disk against it.
+
+    :param packages: what user code can import by name, as ``name@version``, sorted.
+    :param files: path relative to the package root -> content; directories follow from the paths.
+    """
+
+    packages: tuple[str, ...]
+    files: Mapping[str, bytes]
 
 
 @dataclass(frozen=True)
@@ -131,6 +153,29 @@ class Profile(abc.ABC):
     @abc.abstractmethod
     def helper_argv(self, helper: HelperKind) -> list[str]:
         """The argv prefix that starts one of the in-container helpers; core appends the helper's arguments."""
+
+    def package_set(self, manifest: Path, *, sources: Path | None, progress: Callable[[str], None]) -> PackageSet:
+        """Vendor the packages ``manifest`` lists (``build-image --packages``), each checked before use.
+
+        :param manifest: the operator's list of pinned packages, in the format the profile documents.
+        :param sources: a directory to take the packages from instead of their recorded sources, or ``None``.
+        :param progress: call it with a short line of what is being done.
+        :return: the checked set. Raise :class:`~code_sandbox.errors.SandboxError` (``IMAGE_BUILD_FAILED``, naming
+            the package) for anything refused. The default vendors nothing: the profile has no package sets.
+        """
+        del manifest, sources, progress
+        raise SandboxError(
+            ErrorCode.IMAGE_BUILD_FAILED,
+            f"the {self.name} profile has no package sets",
+            hint="build without --packages",
+        )
+
+    def describe_packages(self, packages: Sequence[str]) -> str:
+        """One sentence for the run tools' descriptions (their ``{packages}`` placeholder): the packages a
+        program can import, or that there are none. Core shortens a long list before it calls this."""
+        if not packages:
+            return "none beyond the runtime's standard library; nothing can be installed"
+        return "these, read-only, besides the standard library (nothing else can be installed): " + ", ".join(packages)
 
     @abc.abstractmethod
     def probe_argv(self) -> list[str]:

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -31,6 +31,7 @@ from code_sandbox.hardening import (
     user_of,
 )
 from code_sandbox.image import VerifiedImages, verification_key, verify_image
+from code_sandbox.package_sets import packages_of
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import ReadyAnswer
 from code_sandbox.settings import Settings
@@ -50,6 +51,14 @@ UID_ATTEMPTS = 5
 async def run_sync(function: Callable[..., _T], *args: object, abandon: bool = False) -> _T:
     """Call a blocking (Docker) function in a worker thread, so that one slow call never stalls another session."""
     return await anyio.to_thread.run_sync(function, *args, abandon_on_cancel=abandon)
+
+
+class Provisioned(NamedTuple):
+    """A container just made: its ID (core-internal), its sandbox uid, and the packages its image vendors."""
+
+    container_id: str
+    uid: int
+    packages: tuple[str, ...] = ()
 
 
 def draw_uid() -> int:
@@ -80,6 +89,7 @@ class Provisioner:
         self.verified = verified
         """Image verifications that earlier server processes recorded (the state directory), if any."""
         self._image_lock = anyio.Lock()
+        self._packages: dict[str, tuple[str, ...]] = {}  # verified image ID -> the packages its labels list
         self._starting: set[str] = set()  # created, not yet handed to a session or the pool (set by a worker thread)
 
     @property
@@ -87,12 +97,15 @@ class Provisioner:
         """Containers created and not yet handed over: a shutdown meanwhile must remove them itself."""
         return [*self._starting]
 
-    async def create_container(self, label_session: str, *, pool_seconds: int | None = None) -> tuple[str, int]:
+    async def image_packages(self) -> tuple[str, ...]:
+        """The packages vendored in the image that new containers are made from, verified like a create's."""
+        return self._packages[await self._verified_image_id()]
+
+    async def create_container(self, label_session: str, *, pool_seconds: int | None = None) -> Provisioned:
         """Create and start a hardened container whose watchdog enforces the session's hard lifetime.
 
         With ``pool_seconds`` the container waits in the warm pool: it dies by itself after that long unless a
-        claim moves its deadline to a full session lifetime from the moment of the claim. Returns the container
-        ID and the sandbox uid it was given.
+        claim moves its deadline to a full session lifetime from the moment of the claim.
         """
         image_id = await self._verified_image_id()
         daemon = await run_sync(self.engine.daemon_facts)
@@ -132,7 +145,7 @@ class Provisioner:
                 continue
             # Handed over without an await in between: the caller records it as a session's or the pool's.
             self._starting.discard(container_id)
-            return container_id, uid
+            return Provisioned(container_id, uid, self._packages[image_id])
         raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "no free sandbox uid could be found on this engine")
 
     def _before_start(self, uid: int, container_id: str) -> None:
@@ -201,6 +214,11 @@ class Provisioner:
                     if self.verified is not None:
                         await run_sync(self.verified.add, key)
                 self.engine.verified_images.add(verified)
+            if facts.id not in self._packages:
+                packages = packages_of(facts.labels)  # the tree was checked against them when the ID was verified
+                if packages is None:
+                    raise _image_invalid()
+                self._packages[facts.id] = packages
         return facts.id
 
 

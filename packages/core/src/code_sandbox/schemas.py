@@ -239,6 +239,9 @@ class CreateSandboxOutput(Output):
     expires_at: str = Field(description="UTC time (ISO 8601) when the sandbox is destroyed whatever happens.")
     idle_timeout_seconds: int = Field(description="The sandbox is destroyed after this long without a call.")
     profile: str = Field(description="The name of the runtime profile that serves the sandbox.")
+    packages: list[str] = Field(
+        description="The packages a program in this sandbox can import by name, as name@version; empty: none."
+    )
 
 
 class FileStatus(Output):

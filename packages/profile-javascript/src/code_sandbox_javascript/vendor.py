@@ -1,0 +1,405 @@
+"""Vendoring an npm ``package-lock.json`` into a package set, for ``build-image --packages``.
+
+Every package the lockfile lists is checked before anything is fetched (a registry package with a sha512
+integrity, no install script, not bundled, not a link), its tarball is checked against that integrity before it
+is opened, and every entry of the tarball is checked before its bytes are kept: regular files and directories at
+safe relative paths only, no native code, no install scripts. Everything happens in memory; nothing from a package
+ever runs, and nothing is written to the host.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import platform
+import re
+import tarfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path, PurePosixPath
+from typing import Any, NoReturn, cast
+
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.profile import PackageSet
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+LOCKFILE_MAX_BYTES = 32 * 1024 * 1024
+TARBALL_MAX_BYTES = 64 * 1024 * 1024
+"""A package's compressed tarball."""
+PACKAGE_MAX_BYTES = 128 * 1024 * 1024
+"""A package's unpacked files together."""
+SET_MAX_BYTES = 512 * 1024 * 1024
+SET_MAX_FILES = 100_000
+INSTALL_SCRIPTS = ("preinstall", "install", "postinstall")
+"""The lifecycle scripts npm runs when it installs a registry package (``prepare`` runs only for git sources)."""
+
+Fetch = Callable[[str], bytes]
+"""Downloads an https URL (a lockfile's ``resolved``) and returns the body."""
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._~-]*"
+_INSTALL_NAME = re.compile(rf"(?:@{_NAME}/)?{_NAME}")
+_KEY = re.compile(rf"node_modules/{_INSTALL_NAME.pattern}(?:/node_modules/{_INSTALL_NAME.pattern})*")
+_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+-]*")
+_NODE_ARCH = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "armv7l": "arm", "i686": "ia32"}
+
+
+class LockEntry(BaseModel):
+    """The fields of a ``packages`` entry that decide whether and how it is vendored; the rest is ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+    version: str | None = None
+    resolved: str | None = None
+    integrity: str | None = None
+    name: str | None = None
+    link: bool = False
+    optional: bool = False
+    has_install_script: bool = Field(default=False, alias="hasInstallScript")
+    in_bundle: bool = Field(default=False, alias="inBundle")
+    os: list[str] | None = None
+    cpu: list[str] | None = None
+    libc: list[str] | None = None
+
+
+class _Package:
+    """A lockfile entry that passed the checks that need no tarball."""
+
+    def __init__(self, key: str, entry: LockEntry, version: str, digests: list[bytes]) -> None:
+        self.key = key
+        self.entry = entry
+        self.version = version
+        self.digests = digests
+        self.install_name = key.rsplit("node_modules/", 1)[1]
+        self.label = f"{self.install_name}@{version}"
+        self.prefix = key.removeprefix("node_modules/")
+        """Where its files go, relative to the package root."""
+
+    @property
+    def importable(self) -> bool:
+        """Whether code in /workspace finds it by name: a top-level package, not one nested under another."""
+        return "/node_modules/" not in self.key
+
+
+def vendor_lockfile(
+    lockfile: Path,
+    *,
+    sources: Path | None,
+    progress: Callable[[str], None],
+    forbidden_names: Iterable[str] = (),
+    fetch: Fetch | None = None,
+) -> PackageSet:
+    """Check and unpack every package ``lockfile`` lists.
+
+    :param sources: a directory of tarballs (found by content, whatever their names) or an npm cache; when
+        given, nothing is downloaded. Else each tarball comes from its entry's ``resolved`` https URL.
+    :param forbidden_names: package names refused outright (package managers).
+    :param fetch: how a URL is downloaded (:func:`fetch_https` by default).
+    """
+    packages = [_checked_entry(key, entry, frozenset(forbidden_names)) for key, entry in _read_lockfile(lockfile)]
+    here = ("linux", _NODE_ARCH.get(platform.machine().lower(), platform.machine().lower()), "glibc")
+    kept: list[_Package] = []
+    for package in packages:
+        entry = package.entry
+        if _allows(entry.os, here[0]) and _allows(entry.cpu, here[1]) and _allows(entry.libc, here[2]):
+            kept.append(package)
+        elif entry.optional:
+            progress(f"skipping {package.label}: an optional package for another platform")
+        else:
+            _refuse(package.label, f"is for another platform (os {entry.os}, cpu {entry.cpu}, libc {entry.libc})")
+    if not any(package.importable for package in kept):
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "the lockfile lists no packages to vendor")
+    store = _Tarballs(sources) if sources is not None else None
+    progress(f"vendoring {len(kept)} packages" + (" from the given tarballs" if store else ""))
+    files: dict[str, bytes] = {}
+    for package in kept:
+        tarball = store.get(package) if store is not None else _download(package, fetch or fetch_https)
+        if not any(hashlib.sha512(tarball).digest() == digest for digest in package.digests):
+            _refuse(package.label, "does not match the lockfile's integrity (sha512): the tarball was changed")
+        unpacked = _unpack(package.label, tarball)
+        _check_manifest(package, unpacked.get("package.json"))
+        files.update((f"{package.prefix}/{path}", data) for path, data in unpacked.items())
+        if len(files) > SET_MAX_FILES or sum(map(len, files.values())) > SET_MAX_BYTES:
+            raise SandboxError(
+                ErrorCode.IMAGE_BUILD_FAILED,
+                f"the package set is larger than {SET_MAX_FILES} files or {SET_MAX_BYTES // 2**20} MiB",
+            )
+    listed = tuple(sorted(package.label for package in kept if package.importable))
+    progress(f"vendored {len(kept)} packages: {len(files)} files, {sum(map(len, files.values())) / 2**20:.1f} MiB")
+    return PackageSet(packages=listed, files=files)
+
+
+def _read_lockfile(lockfile: Path) -> list[tuple[str, LockEntry]]:
+    def fail(reason: str) -> NoReturn:
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"the lockfile {reason}", hint=_LOCKFILE_HINT)
+
+    try:
+        with lockfile.open("rb") as stream:
+            raw = stream.read(LOCKFILE_MAX_BYTES + 1)
+    except OSError:
+        fail("cannot be read")
+    if len(raw) > LOCKFILE_MAX_BYTES:
+        fail(f"is larger than {LOCKFILE_MAX_BYTES // 2**20} MiB")
+    try:
+        document = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        fail("is not JSON")
+    if not isinstance(document, dict):
+        fail("is not a package-lock.json")
+    version = document.get("lockfileVersion")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    if version not in (2, 3):  # True == 1: a boolean is refused too
+        fail(f"has lockfileVersion {version!r}; 2 or 3 is needed (npm 7 or later writes them)")
+    entries = document.get("packages")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    if not isinstance(entries, dict):
+        fail("has no packages section")
+    checked: list[tuple[str, LockEntry]] = []
+    for key, value in sorted(entries.items()):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+        if key == "":
+            continue  # the project itself
+        try:
+            checked.append((str(key), LockEntry.model_validate(value)))  # pyright: ignore[reportUnknownArgumentType]
+        except ValidationError:
+            fail(f"has a malformed entry at {_printable(str(key))}")  # pyright: ignore[reportUnknownArgumentType]
+    return checked
+
+
+_LOCKFILE_HINT = "make it with `npm install --package-lock-only` (see README, Offline package sets)"
+
+
+def _no_constant(constant: str) -> NoReturn:
+    raise ValueError(constant)
+
+
+def _checked_entry(key: str, entry: LockEntry, forbidden: frozenset[str]) -> _Package:
+    """Every check that needs no tarball, so that a lockfile that cannot build fails before any download."""
+    if entry.link or _KEY.fullmatch(key) is None:
+        _refuse(_printable(key), "is a link or a workspace package, not a registry package")
+    version = entry.version or ""
+    label = f"{key.rsplit('node_modules/', 1)[1]}@{_printable(version)}"
+    if _VERSION.fullmatch(version) is None:
+        _refuse(label, "has no plain version (an alias, a git or file source, or a tag)")
+    if entry.resolved is not None and not entry.resolved.startswith("https://"):
+        _refuse(label, "does not come from a registry over https (git, file, link and http sources are refused)")
+    if entry.in_bundle:
+        _refuse(label, "is bundled inside another package; only packages from the registry are vendored")
+    if entry.has_install_script:
+        _refuse(label, "has an install script (it needs building or runs code at install); none is ever run")
+    names = {key.rsplit("node_modules/", 1)[1], entry.name or ""}
+    if names & forbidden:
+        _refuse(label, "is a package manager, which the image must not carry")
+    digests = _sha512_digests(entry.integrity or "")
+    if not digests:
+        _refuse(label, "has no sha512 integrity in the lockfile")
+    return _Package(key, entry, version, digests)
+
+
+def _sha512_digests(integrity: str) -> list[bytes]:
+    """The sha512 digests of an SRI string (``sha512-<base64>[?options]``, several separated by whitespace)."""
+    digests: list[bytes] = []
+    for token in integrity.split():
+        algorithm, _, value = token.partition("-")
+        if algorithm != "sha512":
+            continue
+        try:
+            digest = base64.b64decode(value.split("?", 1)[0], validate=True)
+        except ValueError:
+            continue
+        if len(digest) == 64:
+            digests.append(digest)
+    return digests
+
+
+def _allows(values: list[str] | None, current: str) -> bool:
+    """npm's platform rule: ``!x`` excludes x; any positive entry means only those."""
+    if not values:
+        return True
+    if f"!{current}" in values:
+        return False
+    positive = [value for value in values if not value.startswith("!")]
+    return not positive or current in positive
+
+
+class _Tarballs:
+    """Tarballs found by their sha512 in a directory of ``.tgz`` files or in an npm cache (``_cacache``)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.cache: Path | None = None
+        for candidate in (directory / "_cacache", directory):
+            if (candidate / "content-v2").is_dir():
+                self.cache = candidate / "content-v2" / "sha512"
+                break
+        self.directory = directory
+        self._index: dict[bytes, Path] | None = None
+
+    def get(self, package: _Package) -> bytes:
+        for digest in package.digests:
+            path = self._find(digest)
+            if path is not None:
+                return _read_tarball(path, package.label)
+        _refuse(package.label, "is not among the given tarballs (looked up by its sha512 integrity)")
+
+    def _find(self, digest: bytes) -> Path | None:
+        if self.cache is not None:
+            hexed = digest.hex()
+            path = self.cache / hexed[:2] / hexed[2:4] / hexed[4:]
+            return path if path.is_file() else None
+        if self._index is None:
+            self._index = {}
+            try:
+                candidates = sorted(self.directory.iterdir())
+            except OSError:
+                candidates = []
+            for path in candidates:
+                if path.name.endswith((".tgz", ".tar.gz")) and path.is_file():
+                    try:
+                        if path.stat().st_size <= TARBALL_MAX_BYTES:
+                            self._index[hashlib.sha512(path.read_bytes()).digest()] = path
+                    except OSError:
+                        continue
+        return self._index.get(digest)
+
+
+def _read_tarball(path: Path, label: str) -> bytes:
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(TARBALL_MAX_BYTES + 1)
+    except OSError:
+        _refuse(label, "has a tarball that cannot be read")
+    if len(data) > TARBALL_MAX_BYTES:
+        _refuse(label, f"has a tarball larger than {TARBALL_MAX_BYTES // 2**20} MiB")
+    return data
+
+
+def _download(package: _Package, fetch: Fetch) -> bytes:
+    if package.entry.resolved is None:
+        raise SandboxError(
+            ErrorCode.IMAGE_BUILD_FAILED,
+            f"package {package.label}: the lockfile records no URL for it (resolved)",
+            hint="pass --tarballs with a directory of the tarballs or an npm cache (see README)",
+        )
+    try:
+        return fetch(package.entry.resolved)
+    except SandboxError as error:
+        _refuse(package.label, f"could not be downloaded: {error.message}")
+
+
+class _HttpsOnly(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        if not newurl.startswith("https://"):
+            raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "the registry redirected away from https")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def fetch_https(url: str) -> bytes:
+    """Download ``url`` (https only, redirects too) within :data:`TARBALL_MAX_BYTES`."""
+    if not url.startswith("https://"):
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "only https URLs are fetched")
+    opener = urllib.request.build_opener(_HttpsOnly())
+    request = urllib.request.Request(url, headers={"Accept": "application/octet-stream"})  # noqa: S310 - https only
+    try:
+        with opener.open(request, timeout=60) as response:
+            data: bytes = response.read(TARBALL_MAX_BYTES + 1)
+    except (urllib.error.URLError, OSError, ValueError):
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "the download failed") from None
+    if len(data) > TARBALL_MAX_BYTES:
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"the tarball is larger than {TARBALL_MAX_BYTES // 2**20} MiB")
+    return data
+
+
+def _unpack(label: str, tarball: bytes) -> dict[str, bytes]:
+    """The package's files, relative to its root (npm drops each entry's first path component), after every entry
+    was checked; a directory entry only adds its path."""
+    files: dict[str, bytes] = {}
+    total = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as archive:
+            for count, member in enumerate(archive):
+                if count >= SET_MAX_FILES:
+                    _refuse(label, f"has more than {SET_MAX_FILES} entries in its tarball")
+                path = _member_path(label, member)
+                if member.isdir():
+                    continue
+                if member.issym() or member.islnk():
+                    _refuse(label, f"has a link in its tarball ({_printable(member.name)})")
+                if not member.isreg():
+                    _refuse(label, f"has a device or other special file in its tarball ({_printable(member.name)})")
+                if path is None:
+                    _refuse(label, f"has a file outside its package directory ({_printable(member.name)})")
+                total += member.size
+                if total > PACKAGE_MAX_BYTES:
+                    _refuse(label, f"unpacks to more than {PACKAGE_MAX_BYTES // 2**20} MiB")
+                if path in files:
+                    _refuse(label, f"has two entries for {_printable(path)} in its tarball")
+                extracted = archive.extractfile(member)
+                data = extracted.read() if extracted is not None else b""
+                if len(data) != member.size:
+                    _refuse(label, "has a truncated tarball")
+                _check_file(label, path, data)
+                files[path] = data
+    except (tarfile.TarError, OSError, EOFError):
+        _refuse(label, "has a tarball that is not a gzipped tar archive")
+    for path in files:
+        for parent in PurePosixPath(path).parents:
+            if str(parent) in files:
+                _refuse(label, f"has a file that is also a directory in its tarball ({_printable(str(parent))})")
+    return files
+
+
+def _member_path(label: str, member: tarfile.TarInfo) -> str | None:
+    """The entry's path without its first component; refuses absolute paths, ``..``, odd characters."""
+    name = member.name
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        _refuse(label, "has a path that is not UTF-8 in its tarball")
+    if any(ord(char) < 0x20 or ord(char) == 0x7F or char == "\\" for char in name):
+        _refuse(label, f"has a path with a control character or backslash ({_printable(name)})")
+    parts = name.split("/")
+    if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        _refuse(label, f"has an unsafe path in its tarball ({_printable(name)}): absolute, empty, '.' or '..'")
+    if "node_modules" in parts[1:]:
+        _refuse(label, "carries packages of its own (node_modules in its tarball); vendor them from the lockfile")
+    return "/".join(parts[1:]) or None
+
+
+def _check_file(label: str, path: str, data: bytes) -> None:
+    name = PurePosixPath(path).name
+    if name == "binding.gyp":
+        _refuse(label, f"needs building (it has {_printable(path)})")
+    if name.endswith(".node") or data.startswith(b"\x7fELF"):
+        _refuse(label, f"carries native code ({_printable(path)}); only pure JavaScript packages are vendored")
+
+
+def _check_manifest(package: _Package, manifest: bytes | None) -> None:
+    label = package.label
+    if manifest is None:
+        _refuse(label, "has no package.json in its tarball")
+    try:
+        document = json.loads(manifest, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        _refuse(label, "has a package.json that is not JSON")
+    if not isinstance(document, dict):
+        _refuse(label, "has a package.json that is not an object")
+    fields: dict[str, Any] = document  # pyright: ignore[reportUnknownVariableType]
+    if fields.get("name") not in (package.install_name, package.entry.name) or fields.get("version") != package.version:
+        _refuse(label, "has a package.json whose name or version differs from the lockfile's")
+    scripts: Any = fields.get("scripts")
+    if isinstance(scripts, dict) and any(cast(dict[str, Any], scripts).get(name) for name in INSTALL_SCRIPTS):
+        _refuse(label, "has an install script (preinstall, install or postinstall); none is ever run")
+    if fields.get("gypfile") is True:
+        _refuse(label, "needs building (gypfile)")
+
+
+def _printable(text: str) -> str:
+    """Text from a lockfile or tarball, made safe for one line of a terminal."""
+    cleaned = "".join(char if char.isprintable() else "?" for char in text)
+    return cleaned if len(cleaned) <= 120 else cleaned[:117] + "..."
+
+
+def _refuse(label: str, reason: str) -> NoReturn:
+    raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"package {label} {reason}", hint=_REFUSAL_HINT)
+
+
+_REFUSAL_HINT = "change the lockfile, then build again (README, Offline package sets: what is refused and why)"

@@ -1,0 +1,341 @@
+"""Vendoring an npm lockfile (``build-image --packages``): what is taken, and everything that is refused.
+
+A real tarball (ms@2.1.3, as the registry serves it) shows the normal path; hostile packages are made here in
+memory, each with a correct integrity so that only the property under test makes it fail.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.profile import PackageSet
+from code_sandbox_javascript.vendor import fetch_https, vendor_lockfile
+
+DATA = Path(__file__).parent / "data" / "packages"
+MS_TARBALL = DATA / "ms-2.1.3.tgz"
+MS_INTEGRITY = "sha512-6FlzubTLZG3J2a/NVCAleEhjzq5oxgHyaCU9yYXvcLsvoVaHJq/s5xXI6/XXP6tz7R9xAOtHnSO/tXtF3WRTlA=="
+PACKAGE_MANAGERS = ("npm", "npx", "corepack", "yarn", "pnpm")
+
+
+def integrity(data: bytes) -> str:
+    return "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+
+
+def tarball(files: dict[str, bytes], *, extra: Callable[[tarfile.TarFile], None] | None = None) -> bytes:
+    """A gzipped tar with ``files`` as given (names unchanged: the test decides on the ``package/`` prefix)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, data in files.items():
+            entry = tarfile.TarInfo(name)
+            entry.size = len(data)
+            archive.addfile(entry, io.BytesIO(data))
+        if extra is not None:
+            extra(archive)
+    return buffer.getvalue()
+
+
+def manifest(name: str, version: str = "1.0.0", **fields: Any) -> bytes:
+    return json.dumps({"name": name, "version": version, **fields}).encode()
+
+
+def lockfile(directory: Path, entries: dict[str, dict[str, Any]], *, version: int = 3) -> Path:
+    path = directory / "package-lock.json"
+    document = {"name": "set", "lockfileVersion": version, "requires": True,
+                "packages": {"": {"name": "set"}, **entries}}  # fmt: skip
+    path.write_text(json.dumps(document))
+    return path
+
+
+class Set:
+    """A lockfile and a directory of tarballs, built up one package at a time."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.tarballs = root / "tarballs"
+        self.tarballs.mkdir()
+        self.entries: dict[str, dict[str, Any]] = {}
+
+    def add(self, key: str, data: bytes, **entry: Any) -> None:
+        (self.tarballs / f"{len(self.entries)}.tgz").write_bytes(data)
+        self.entries[key] = {"version": "1.0.0", "integrity": integrity(data), **entry}
+
+    def add_package(self, name: str, files: dict[str, bytes], key: str | None = None, **entry: Any) -> None:
+        contents = {"package/package.json": manifest(name, entry.get("version", "1.0.0")), **files}
+        self.add(key or f"node_modules/{name}", tarball(contents), **entry)
+
+    def vendor(self, **options: Any) -> PackageSet:
+        lock = lockfile(self.root, self.entries)
+        return vendor_lockfile(lock, sources=self.tarballs, progress=lambda _text: None, **options)
+
+    def refusal(self, **options: Any) -> str:
+        with pytest.raises(SandboxError) as raised:
+            self.vendor(forbidden_names=PACKAGE_MANAGERS, **options)
+        assert raised.value.code is ErrorCode.IMAGE_BUILD_FAILED
+        return raised.value.message
+
+
+@pytest.fixture
+def packages(tmp_path: Path) -> Set:
+    return Set(tmp_path)
+
+
+def ms_entry() -> dict[str, Any]:
+    return {"version": "2.1.3", "integrity": MS_INTEGRITY, "license": "MIT"}
+
+
+def test_a_real_package_is_vendored_from_a_directory_of_tarballs(tmp_path: Path) -> None:
+    sources = tmp_path / "tarballs"
+    sources.mkdir()
+    (sources / "any-name.tgz").write_bytes(MS_TARBALL.read_bytes())  # found by content, not by name
+    lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()})
+    vendored = vendor_lockfile(lock, sources=sources, progress=lambda _text: None)
+    assert vendored.packages == ("ms@2.1.3",)
+    assert sorted(vendored.files) == ["ms/index.js", "ms/license.md", "ms/package.json", "ms/readme.md"]
+    with tarfile.open(MS_TARBALL) as archive:
+        extracted = archive.extractfile("package/index.js")
+        assert extracted is not None and vendored.files["ms/index.js"] == extracted.read()
+
+
+def test_tarballs_are_found_in_an_npm_cache_by_their_integrity(tmp_path: Path) -> None:
+    data = MS_TARBALL.read_bytes()
+    digest = hashlib.sha512(data).hexdigest()
+    content = tmp_path / "npm" / "_cacache" / "content-v2" / "sha512" / digest[:2] / digest[2:4] / digest[4:]
+    content.parent.mkdir(parents=True)
+    content.write_bytes(data)
+    lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()})
+    vendored = vendor_lockfile(lock, sources=tmp_path / "npm", progress=lambda _text: None)
+    assert vendored.packages == ("ms@2.1.3",)
+
+
+def test_a_changed_tarball_in_an_npm_cache_is_refused(tmp_path: Path) -> None:
+    data = MS_TARBALL.read_bytes()
+    digest = hashlib.sha512(data).hexdigest()
+    content = tmp_path / "_cacache" / "content-v2" / "sha512" / digest[:2] / digest[2:4] / digest[4:]
+    content.parent.mkdir(parents=True)
+    content.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # stored under the right digest, but not those bytes
+    lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()})
+    with pytest.raises(SandboxError) as raised:
+        vendor_lockfile(lock, sources=tmp_path, progress=lambda _text: None)
+    assert "package ms@2.1.3 does not match the lockfile's integrity" in raised.value.message
+
+
+def test_without_a_directory_each_tarball_is_downloaded_from_its_resolved_url(tmp_path: Path) -> None:
+    url = "https://packages.example/ms/-/ms-2.1.3.tgz"
+    fetched: list[str] = []
+
+    def fetch(address: str) -> bytes:
+        fetched.append(address)
+        return MS_TARBALL.read_bytes()
+
+    lock = lockfile(tmp_path, {"node_modules/ms": {**ms_entry(), "resolved": url}})
+    vendored = vendor_lockfile(lock, sources=None, progress=lambda _text: None, fetch=fetch)
+    assert (vendored.packages, fetched) == (("ms@2.1.3",), [url])
+
+
+def test_a_download_that_is_not_https_is_refused_before_any_connection() -> None:
+    with pytest.raises(SandboxError) as raised:
+        fetch_https("http://127.0.0.1:9/ms.tgz")  # port 9 (discard): nothing would answer anyway
+    assert "https" in raised.value.message
+
+
+def test_an_entry_without_a_url_needs_a_directory(tmp_path: Path) -> None:
+    lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()})
+    with pytest.raises(SandboxError) as raised:
+        vendor_lockfile(lock, sources=None, progress=lambda _text: None, fetch=lambda _url: b"")
+    assert "ms@2.1.3" in raised.value.message and raised.value.hint is not None and "--tarballs" in raised.value.hint
+
+
+def test_a_tampered_tarball_is_refused_naming_the_package(tmp_path: Path) -> None:
+    sources = tmp_path / "tarballs"
+    sources.mkdir()
+    data = bytearray(MS_TARBALL.read_bytes())
+    data[-20] ^= 0x01
+    (sources / "ms-2.1.3.tgz").write_bytes(bytes(data))
+    lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()})
+    with pytest.raises(SandboxError) as raised:
+        vendor_lockfile(lock, sources=sources, progress=lambda _text: None)
+    # Not found by its integrity: the changed tarball is never used.
+    assert "ms@2.1.3" in raised.value.message and "not among the given tarballs" in raised.value.message
+
+
+def test_a_downloaded_tarball_that_does_not_match_its_integrity_is_refused(tmp_path: Path) -> None:
+    lock = lockfile(tmp_path, {"node_modules/ms": {**ms_entry(), "resolved": "https://packages.example/ms.tgz"}})
+    changed = MS_TARBALL.read_bytes() + b"\0"
+    with pytest.raises(SandboxError) as raised:
+        vendor_lockfile(lock, sources=None, progress=lambda _text: None, fetch=lambda _url: changed)
+    assert "package ms@2.1.3 does not match the lockfile's integrity" in raised.value.message
+
+
+def test_a_tarball_with_a_parent_path_is_refused(packages: Set) -> None:
+    packages.add_package("evil", {"package/../../../etc/cron.d/x": b"x"})
+    assert packages.refusal() == (
+        "package evil@1.0.0 has an unsafe path in its tarball (package/../../../etc/cron.d/x): absolute, empty, "
+        "'.' or '..'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("/etc/passwd", "unsafe path"),
+        ("package//index.js", "unsafe path"),
+        ("package/./index.js", "unsafe path"),
+        ("package/a\nb.js", "control character"),
+        ("package/a\\b.js", "backslash"),
+        ("index.js", "outside its package directory"),
+        ("package/node_modules/other/index.js", "carries packages of its own"),
+    ],
+)
+def test_unsafe_tarball_paths_are_refused(packages: Set, name: str, reason: str) -> None:
+    packages.add_package("evil", {name: b"x"})
+    assert reason in packages.refusal()
+
+
+def _link(kind: bytes, target: str) -> Callable[[tarfile.TarFile], None]:
+    def add(archive: tarfile.TarFile) -> None:
+        entry = tarfile.TarInfo("package/link.js")
+        entry.type = kind
+        entry.linkname = target
+        archive.addfile(entry)
+
+    return add
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        (_link(tarfile.SYMTYPE, "/etc/shadow"), "has a link"),
+        (_link(tarfile.SYMTYPE, "index.js"), "has a link"),  # even one that stays inside
+        (_link(tarfile.LNKTYPE, "package/package.json"), "has a link"),
+        (_link(tarfile.CHRTYPE, ""), "special file"),
+        (_link(tarfile.FIFOTYPE, ""), "special file"),
+    ],
+)
+def test_links_and_special_files_are_refused(
+    packages: Set, extra: Callable[[tarfile.TarFile], None], reason: str
+) -> None:
+    packages.add("node_modules/evil", tarball({"package/package.json": manifest("evil")}, extra=extra))
+    assert reason in packages.refusal()
+
+
+def test_a_package_with_an_install_script_is_refused(packages: Set) -> None:
+    scripts = manifest("builds", scripts={"postinstall": "node setup.js", "test": "x"})
+    packages.add("node_modules/builds", tarball({"package/package.json": scripts}))
+    assert packages.refusal() == (
+        "package builds@1.0.0 has an install script (preinstall, install or postinstall); none is ever run"
+    )
+
+
+def test_a_lockfile_entry_with_an_install_script_is_refused_before_anything_is_fetched(tmp_path: Path) -> None:
+    lock = lockfile(tmp_path, {"node_modules/builds": {"version": "1.0.0", "integrity": MS_INTEGRITY,
+                                                       "hasInstallScript": True,
+                                                       "resolved": "https://packages.example/b.tgz"}})  # fmt: skip
+
+    def fetch(_url: str) -> bytes:
+        raise AssertionError("nothing is downloaded for a lockfile that cannot build")
+
+    with pytest.raises(SandboxError) as raised:
+        vendor_lockfile(lock, sources=None, progress=lambda _text: None, fetch=fetch)
+    assert "package builds@1.0.0 has an install script" in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("files", "reason"),
+    [
+        ({"package/binding.gyp": b"{}"}, "needs building"),
+        ({"package/build/Release/addon.node": b"anything"}, "carries native code"),
+        ({"package/bin/tool": b"\x7fELF\x02\x01\x01"}, "carries native code"),
+    ],
+)
+def test_packages_that_need_building_or_carry_native_code_are_refused(
+    packages: Set, files: dict[str, bytes], reason: str
+) -> None:
+    packages.add_package("native", files)
+    assert reason in packages.refusal()
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ({"resolved": "git+ssh://git@example.com/a/b.git#0123abcd"}, "does not come from a registry over https"),
+        ({"resolved": "file:../local.tgz"}, "does not come from a registry over https"),
+        ({"resolved": "http://packages.example/a.tgz"}, "does not come from a registry over https"),
+        ({"link": True, "resolved": "packages/a"}, "is a link or a workspace package"),
+        ({"version": "github:a/b"}, "has no plain version"),
+        ({"integrity": "sha1-2jmj7l5rSw0yVb/vlWAYkK/YBwk="}, "has no sha512 integrity"),
+        ({"integrity": None}, "has no sha512 integrity"),
+        ({"inBundle": True}, "is bundled inside another package"),
+    ],
+)
+def test_non_registry_and_unpinned_entries_are_refused(packages: Set, entry: dict[str, Any], reason: str) -> None:
+    packages.add_package("pkg", {"package/index.js": b"module.exports = 1\n"}, **entry)
+    assert reason in packages.refusal()
+
+
+def test_a_workspace_key_is_refused(packages: Set) -> None:
+    packages.add_package("pkg", {}, key="packages/pkg")
+    assert "is a link or a workspace package" in packages.refusal()
+
+
+def test_a_package_manager_is_refused(packages: Set) -> None:
+    packages.add_package("npm", {"package/index.js": b""})
+    assert packages.refusal() == "package npm@1.0.0 is a package manager, which the image must not carry"
+
+
+def test_a_manifest_that_differs_from_the_lockfile_is_refused(packages: Set) -> None:
+    packages.add("node_modules/ms", tarball({"package/package.json": manifest("not-ms")}))
+    assert "name or version differs" in packages.refusal()
+
+
+def test_lockfiles_that_are_not_version_2_or_3_are_refused(tmp_path: Path) -> None:
+    lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()}, version=1)
+    with pytest.raises(SandboxError) as raised:
+        vendor_lockfile(lock, sources=tmp_path, progress=lambda _text: None)
+    assert "lockfileVersion 1" in raised.value.message
+
+
+def test_nested_packages_are_vendored_under_their_parent_and_only_top_level_ones_are_listed(packages: Set) -> None:
+    packages.add_package("app-util", {"package/index.js": b"module.exports = require('dep')\n"})
+    packages.add_package(
+        "dep",
+        {"package/index.js": b"module.exports = 2\n"},
+        key="node_modules/app-util/node_modules/dep",
+        version="2.0.0",
+    )
+    packages.add_package("@scope/thing", {"package/index.js": b""})
+    vendored = packages.vendor()
+    assert vendored.packages == ("@scope/thing@1.0.0", "app-util@1.0.0")
+    assert "app-util/node_modules/dep/index.js" in vendored.files
+    assert "@scope/thing/package.json" in vendored.files
+
+
+def test_an_optional_package_for_another_platform_is_skipped(packages: Set) -> None:
+    packages.add_package("portable", {"package/index.js": b""})
+    packages.add_package("mac-only", {"package/index.js": b""}, optional=True, os=["darwin"])
+    assert packages.vendor().packages == ("portable@1.0.0",)
+
+
+def test_a_required_package_for_another_platform_is_refused(packages: Set) -> None:
+    packages.add_package("windows-only", {"package/index.js": b""}, os=["win32"])
+    assert "is for another platform" in packages.refusal()
+
+
+def test_the_example_lockfile_passes_every_check_that_needs_no_tarball(tmp_path: Path) -> None:
+    # Every entry is checked before the first tarball is looked for: failing on the first lookup proves that the
+    # whole example lockfile (containers/packages) is acceptable as it stands.
+    example = Path(__file__).parents[1] / "containers" / "packages" / "package-lock.json"
+    with pytest.raises(SandboxError) as raised:
+        vendor_lockfile(example, sources=tmp_path, progress=lambda _text: None, forbidden_names=PACKAGE_MANAGERS)
+    assert (
+        raised.value.message
+        == "package dayjs@1.11.23 is not among the given tarballs (looked up by its sha512 integrity)"
+    )
