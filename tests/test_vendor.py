@@ -7,6 +7,7 @@ memory, each with a correct integrity so that only the property under test makes
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import io
 import json
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.profile import PackageSet
-from code_sandbox_javascript.vendor import fetch_https, vendor_lockfile
+from code_sandbox_javascript.vendor import ARCHIVE_MAX_BYTES, fetch_https, vendor_lockfile
 
 DATA = Path(__file__).parent / "data" / "packages"
 MS_TARBALL = DATA / "ms-2.1.3.tgz"
@@ -339,3 +340,25 @@ def test_the_example_lockfile_passes_every_check_that_needs_no_tarball(tmp_path:
         raised.value.message
         == "package dayjs@1.11.23 is not among the given tarballs (looked up by its sha512 integrity)"
     )
+
+
+def test_a_gzip_bomb_is_refused_before_it_fills_memory(packages: Set) -> None:
+    # One member of zeros a little past the archive limit, compressed about a thousand to one: written in pieces,
+    # so that the test itself never holds it decompressed either.
+    size = ARCHIVE_MAX_BYTES + 1024 * 1024
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=9) as compressed:
+        entry = tarfile.TarInfo("package/zeros.bin")
+        entry.size = size
+        compressed.write(entry.tobuf(format=tarfile.PAX_FORMAT))
+        piece = bytes(8 * 1024 * 1024)
+        for _ in range(size // len(piece)):
+            compressed.write(piece)
+    assert len(buffer.getvalue()) < 1024 * 1024
+    packages.add("node_modules/bomb", buffer.getvalue())
+    assert "has a tarball that unpacks to more than 256 MiB" in packages.refusal()
+
+
+def test_overlong_paths_are_refused(packages: Set) -> None:
+    packages.add_package("deep", {"package/" + "a/" * 600 + "index.js": b""})
+    assert "has a path longer than 1024 bytes" in packages.refusal()

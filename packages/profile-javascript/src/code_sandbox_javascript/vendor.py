@@ -18,6 +18,7 @@ import re
 import tarfile
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn, cast
@@ -31,6 +32,10 @@ TARBALL_MAX_BYTES = 64 * 1024 * 1024
 """A package's compressed tarball."""
 PACKAGE_MAX_BYTES = 128 * 1024 * 1024
 """A package's unpacked files together."""
+ARCHIVE_MAX_BYTES = 2 * PACKAGE_MAX_BYTES
+"""A package's tar archive once decompressed: its files and every header (a long header is data too)."""
+PATH_MAX_BYTES = 1024
+NAME_MAX_BYTES = 255
 SET_MAX_BYTES = 512 * 1024 * 1024
 SET_MAX_FILES = 100_000
 INSTALL_SCRIPTS = ("preinstall", "install", "postinstall")
@@ -314,7 +319,7 @@ def _unpack(label: str, tarball: bytes) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     total = 0
     try:
-        with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as archive:
+        with tarfile.open(fileobj=io.BytesIO(_gunzip(label, tarball)), mode="r:") as archive:
             for count, member in enumerate(archive):
                 if count >= SET_MAX_FILES:
                     _refuse(label, f"has more than {SET_MAX_FILES} entries in its tarball")
@@ -347,6 +352,21 @@ def _unpack(label: str, tarball: bytes) -> dict[str, bytes]:
     return files
 
 
+def _gunzip(label: str, tarball: bytes) -> bytes:
+    """The archive inside the gzip stream, decompressed in one bounded step: a gzip bomb, or a header the size of
+    the archive, stops at :data:`ARCHIVE_MAX_BYTES` instead of filling memory."""
+    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing only
+    try:
+        archive = decompressor.decompress(tarball, ARCHIVE_MAX_BYTES + 1)
+    except zlib.error:
+        _refuse(label, "has a tarball that is not gzip-compressed")
+    if len(archive) > ARCHIVE_MAX_BYTES or decompressor.unconsumed_tail:
+        _refuse(label, f"has a tarball that unpacks to more than {ARCHIVE_MAX_BYTES // 2**20} MiB")
+    if not decompressor.eof or decompressor.unused_data:
+        _refuse(label, "has a tarball that is cut short or has data after its end")
+    return archive
+
+
 def _member_path(label: str, member: tarfile.TarInfo) -> str | None:
     """The entry's path without its first component; refuses absolute paths, ``..``, odd characters."""
     name = member.name
@@ -357,6 +377,8 @@ def _member_path(label: str, member: tarfile.TarInfo) -> str | None:
     if any(ord(char) < 0x20 or ord(char) == 0x7F or char == "\\" for char in name):
         _refuse(label, f"has a path with a control character or backslash ({_printable(name)})")
     parts = name.split("/")
+    if len(name.encode()) > PATH_MAX_BYTES or any(len(part.encode()) > NAME_MAX_BYTES for part in parts):
+        _refuse(label, f"has a path longer than {PATH_MAX_BYTES} bytes, or a name longer than {NAME_MAX_BYTES}")
     if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
         _refuse(label, f"has an unsafe path in its tarball ({_printable(name)}): absolute, empty, '.' or '..'")
     if "node_modules" in parts[1:]:
