@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.engine import DockerEngine, FileEntry, ImageFacts
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.image import build_offline_image
+from code_sandbox.image import Check, VerifyReport, _TreeCheck, build_offline_image  # pyright: ignore[reportPrivateUsage]
 from code_sandbox.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL, packages_of, set_labels, shortened
 from code_sandbox.profile import PackageSet, Profile
 
@@ -75,3 +77,25 @@ def test_core_checks_a_profiles_package_set_again_before_building(
         build_offline_image(engine, own, runtime=None, progress=lambda _text: None, packages=packages)
     assert raised.value.code is ErrorCode.PROFILE_ERROR
     assert engine.image_facts(own.image_spec().tag) is None
+
+
+def test_verification_refuses_a_directory_that_no_vendored_file_needs() -> None:
+    files = {"ms/index.js": b"module.exports = 1\n"}
+    image = ImageFacts("sha256:" + "0" * 64, set_labels(["ms@2.1.3"], files), "65533:65533", "x86_64", 1)
+
+    def checked(*extra: FileEntry) -> list[Check]:
+        tree = _TreeCheck("/node_modules")
+        entries = [
+            FileEntry("/node_modules", "directory", 0o555, 0, None),
+            FileEntry("/node_modules/ms", "directory", 0o555, 0, None),
+            FileEntry("/node_modules/ms/index.js", "file", 0o444, 0, hashlib.sha256(files["ms/index.js"]).hexdigest()),
+            *extra,
+        ]
+        assert all(tree.take(entry) for entry in entries)
+        report = VerifyReport()
+        tree.report(image, report)
+        return report.checks
+
+    assert [check.passed for check in checked()] == [True]
+    (added,) = checked(FileEntry("/node_modules/left-pad", "directory", 0o555, 0, None))
+    assert not added.passed and "/node_modules/left-pad" in added.detail

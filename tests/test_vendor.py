@@ -270,7 +270,7 @@ def test_packages_that_need_building_or_carry_native_code_are_refused(
         ({"resolved": "git+ssh://git@example.com/a/b.git#0123abcd"}, "does not come from a registry over https"),
         ({"resolved": "file:../local.tgz"}, "does not come from a registry over https"),
         ({"resolved": "http://packages.example/a.tgz"}, "does not come from a registry over https"),
-        ({"link": True, "resolved": "packages/a"}, "is a link or a workspace package"),
+        ({"link": True, "resolved": "packages/a"}, "is a link, a workspace package"),
         ({"version": "github:a/b"}, "has no plain version"),
         ({"integrity": "sha1-2jmj7l5rSw0yVb/vlWAYkK/YBwk="}, "has no sha512 integrity"),
         ({"integrity": None}, "has no sha512 integrity"),
@@ -284,7 +284,7 @@ def test_non_registry_and_unpinned_entries_are_refused(packages: Set, entry: dic
 
 def test_a_workspace_key_is_refused(packages: Set) -> None:
     packages.add_package("pkg", {}, key="packages/pkg")
-    assert "is a link or a workspace package" in packages.refusal()
+    assert "is a link, a workspace package" in packages.refusal()
 
 
 def test_a_package_manager_is_refused(packages: Set) -> None:
@@ -362,3 +362,51 @@ def test_a_gzip_bomb_is_refused_before_it_fills_memory(packages: Set) -> None:
 def test_overlong_paths_are_refused(packages: Set) -> None:
     packages.add_package("deep", {"package/" + "a/" * 600 + "index.js": b""})
     assert "has a path longer than 1024 bytes" in packages.refusal()
+
+
+def _extended(kind: bytes, size: int) -> bytes:
+    """A raw tar header of ``kind`` announcing ``size`` bytes, and those bytes (digits, as in the slow PAX case)."""
+    header = bytearray(512)
+    header[0:8] = b"././@Px\0"
+    header[100:108] = b"0000644\0"
+    header[124:136] = f"{size:011o}\0".encode()
+    header[156:157] = kind
+    header[257:263] = b"ustar\0"
+    header[148:156] = b" " * 8
+    header[148:156] = f"{sum(header):06o}\0 ".encode()
+    return bytes(header) + b"9" * size + bytes(-size % 512)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        _extended(b"x", 64 * 1024),  # a header of digits that the tarfile module would take minutes to parse
+        _extended(b"x", 100) + _extended(b"x", 100),  # chained: tarfile would recurse once per header
+        _extended(b"L", 100) + _extended(b"x", 100),
+        _extended(b"g", 100),
+    ],
+)
+def test_oversized_chained_and_global_extended_headers_are_refused(packages: Set, headers: bytes) -> None:
+    body = tarball({"package/package.json": manifest("slow")})
+    raw = gzip.decompress(body)
+    packages.add("node_modules/slow", gzip.compress(headers + raw))
+    assert "extended header" in packages.refusal()
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ("node_modules/node_modules", "a name npm refuses"),
+        ("node_modules/ghost/node_modules/q", "nested under a package that the lockfile does not list"),
+    ],
+)
+def test_keys_npm_would_not_write_are_refused(packages: Set, key: str, reason: str) -> None:
+    packages.add_package("q", {"package/index.js": b""}, key=key)
+    assert reason in packages.refusal()
+
+
+def test_a_scope_that_contains_node_modules_is_listed_by_its_whole_name(packages: Set) -> None:
+    packages.add_package("@xnode_modules/y", {"package/index.js": b""})
+    vendored = packages.vendor()
+    assert vendored.packages == ("@xnode_modules/y@1.0.0",)
+    assert "@xnode_modules/y/index.js" in vendored.files

@@ -337,6 +337,7 @@ class _TreeCheck:
         self.root = root
         self.found = False
         self.files: list[tuple[str, str]] = []
+        self.directories: set[str] = set()
         self.odd: list[str] = []  # not a root-owned read-only file or directory
 
     def take(self, entry: FileEntry) -> bool:
@@ -347,9 +348,18 @@ class _TreeCheck:
         relative = entry.path.removeprefix(self.root).lstrip("/")
         if entry.kind == "file" and entry.uid == 0 and entry.mode == FILE_MODE and entry.sha256 is not None:
             self.files.append((relative, entry.sha256))
-        elif not (entry.kind == "directory" and entry.uid == 0 and entry.mode == DIRECTORY_MODE):
+        elif entry.kind == "directory" and entry.uid == 0 and entry.mode == DIRECTORY_MODE:
+            self.directories.add(relative)
+        else:
             self.odd.append(entry.path)
         return True
+
+    def _parents(self) -> set[str]:
+        """The directories the files need (the root is ""): any other one was added to the tree."""
+        return {
+            "",
+            *(str(parent) for path, _ in self.files for parent in PurePosixPath(path).parents if str(parent) != "."),
+        }
 
     def report(self, image: ImageFacts, report: VerifyReport) -> None:
         packages = packages_of(image.labels)
@@ -359,8 +369,9 @@ class _TreeCheck:
             report.add("package set", not self.found, "none" if not self.found else "a package tree with no labels")
         elif self.root is None:
             report.add("package set", False, "labelled with packages, but the profile vendors none")
-        elif self.odd:
-            report.add("package set", False, "not read-only and root-owned: " + ", ".join(sorted(self.odd)[:5]))
+        elif self.odd or self.directories - self._parents():
+            odd = [*self.odd, *(f"{self.root}/{path}" for path in self.directories - self._parents())]
+            report.add("package set", False, "not a read-only file of the set: " + ", ".join(sorted(odd)[:5]))
         elif set_digest(packages, self.files) != image.labels[PACKAGES_DIGEST_LABEL]:
             report.add("package set", False, f"the tree under {self.root} differs from its digest")
         else:

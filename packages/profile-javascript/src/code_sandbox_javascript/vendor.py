@@ -44,9 +44,10 @@ INSTALL_SCRIPTS = ("preinstall", "install", "postinstall")
 Fetch = Callable[[str], bytes]
 """Downloads an https URL (a lockfile's ``resolved``) and returns the body."""
 
-_NAME = r"[A-Za-z0-9][A-Za-z0-9._~-]*"
-_INSTALL_NAME = re.compile(rf"(?:@{_NAME}/)?{_NAME}")
-_KEY = re.compile(rf"node_modules/{_INSTALL_NAME.pattern}(?:/node_modules/{_INSTALL_NAME.pattern})*")
+_NAME = r"(?!node_modules(?:/|$))(?!favicon\.ico(?:/|$))[A-Za-z0-9][A-Za-z0-9._~-]*"
+_INSTALL_NAME = rf"(?:@{_NAME}/)?{_NAME}"
+_KEY = re.compile(rf"(?:node_modules/{_INSTALL_NAME}/)*node_modules/(?P<name>{_INSTALL_NAME})")
+"""A lockfile key: where a package is installed, its parents' directories first; ``name`` is its own."""
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+-]*")
 _NODE_ARCH = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "armv7l": "arm", "i686": "ia32"}
 
@@ -72,12 +73,14 @@ class LockEntry(BaseModel):
 class _Package:
     """A lockfile entry that passed the checks that need no tarball."""
 
-    def __init__(self, key: str, entry: LockEntry, version: str, digests: list[bytes]) -> None:
+    def __init__(self, key: str, name: str, entry: LockEntry, version: str, digests: list[bytes]) -> None:
         self.key = key
         self.entry = entry
         self.version = version
         self.digests = digests
-        self.install_name = key.rsplit("node_modules/", 1)[1]
+        self.install_name = name
+        self.parent = key.removesuffix(f"/node_modules/{name}") if key != f"node_modules/{name}" else None
+        """The key of the package it is nested under, or ``None`` at the top."""
         self.label = f"{self.install_name}@{version}"
         self.prefix = key.removeprefix("node_modules/")
         """Where its files go, relative to the package root."""
@@ -114,26 +117,36 @@ def vendor_lockfile(
             progress(f"skipping {package.label}: an optional package for another platform")
         else:
             _refuse(package.label, f"is for another platform (os {entry.os}, cpu {entry.cpu}, libc {entry.libc})")
+    keys = {package.key for package in kept}
+    for package in kept:
+        if package.parent is not None and package.parent not in keys:
+            _refuse(package.label, "is nested under a package that the lockfile does not list")
     if not any(package.importable for package in kept):
         raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "the lockfile lists no packages to vendor")
     store = _Tarballs(sources) if sources is not None else None
     progress(f"vendoring {len(kept)} packages" + (" from the given tarballs" if store else ""))
     files: dict[str, bytes] = {}
+    total = 0
     for package in kept:
         tarball = store.get(package) if store is not None else _download(package, fetch or fetch_https)
         if not any(hashlib.sha512(tarball).digest() == digest for digest in package.digests):
             _refuse(package.label, "does not match the lockfile's integrity (sha512): the tarball was changed")
         unpacked = _unpack(package.label, tarball)
         _check_manifest(package, unpacked.get("package.json"))
-        files.update((f"{package.prefix}/{path}", data) for path, data in unpacked.items())
-        if len(files) > SET_MAX_FILES or sum(map(len, files.values())) > SET_MAX_BYTES:
+        for path, data in unpacked.items():
+            if files.setdefault(f"{package.prefix}/{path}", data) is not data:
+                _refuse(package.label, f"has a file that another package has too ({_printable(path)})")
+            total += len(data)
+        if len(files) > SET_MAX_FILES or total > SET_MAX_BYTES:
             raise SandboxError(
                 ErrorCode.IMAGE_BUILD_FAILED,
                 f"the package set is larger than {SET_MAX_FILES} files or {SET_MAX_BYTES // 2**20} MiB",
             )
-    listed = tuple(sorted(package.label for package in kept if package.importable))
-    progress(f"vendored {len(kept)} packages: {len(files)} files, {sum(map(len, files.values())) / 2**20:.1f} MiB")
-    return PackageSet(packages=listed, files=files)
+    listed = sorted(package.label for package in kept if package.importable)
+    if len(set(listed)) != len(listed):
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "the lockfile lists one top-level package twice")
+    progress(f"vendored {len(kept)} packages: {len(files)} files, {total / 2**20:.1f} MiB")
+    return PackageSet(packages=tuple(listed), files=files)
 
 
 def _read_lockfile(lockfile: Path) -> list[tuple[str, LockEntry]]:
@@ -179,10 +192,12 @@ def _no_constant(constant: str) -> NoReturn:
 
 def _checked_entry(key: str, entry: LockEntry, forbidden: frozenset[str]) -> _Package:
     """Every check that needs no tarball, so that a lockfile that cannot build fails before any download."""
-    if entry.link or _KEY.fullmatch(key) is None:
-        _refuse(_printable(key), "is a link or a workspace package, not a registry package")
+    matched = _KEY.fullmatch(key)
+    if entry.link or matched is None:
+        _refuse(_printable(key), "is a link, a workspace package or a name npm refuses, not a registry package")
+    name = matched["name"]
     version = entry.version or ""
-    label = f"{key.rsplit('node_modules/', 1)[1]}@{_printable(version)}"
+    label = f"{name}@{_printable(version)}"
     if _VERSION.fullmatch(version) is None:
         _refuse(label, "has no plain version (an alias, a git or file source, or a tag)")
     if entry.resolved is not None and not entry.resolved.startswith("https://"):
@@ -191,13 +206,12 @@ def _checked_entry(key: str, entry: LockEntry, forbidden: frozenset[str]) -> _Pa
         _refuse(label, "is bundled inside another package; only packages from the registry are vendored")
     if entry.has_install_script:
         _refuse(label, "has an install script (it needs building or runs code at install); none is ever run")
-    names = {key.rsplit("node_modules/", 1)[1], entry.name or ""}
-    if names & forbidden:
+    if {name, entry.name or ""} & forbidden:
         _refuse(label, "is a package manager, which the image must not carry")
     digests = _sha512_digests(entry.integrity or "")
     if not digests:
         _refuse(label, "has no sha512 integrity in the lockfile")
-    return _Package(key, entry, version, digests)
+    return _Package(key, name, entry, version, digests)
 
 
 def _sha512_digests(integrity: str) -> list[bytes]:
@@ -259,10 +273,12 @@ class _Tarballs:
             for path in candidates:
                 if path.name.endswith((".tgz", ".tar.gz")) and path.is_file():
                     try:
-                        if path.stat().st_size <= TARBALL_MAX_BYTES:
-                            self._index[hashlib.sha512(path.read_bytes()).digest()] = path
+                        with path.open("rb") as stream:
+                            data = stream.read(TARBALL_MAX_BYTES + 1)
                     except OSError:
                         continue
+                    if len(data) <= TARBALL_MAX_BYTES:
+                        self._index[hashlib.sha512(data).digest()] = path
         return self._index.get(digest)
 
 
@@ -318,8 +334,10 @@ def _unpack(label: str, tarball: bytes) -> dict[str, bytes]:
     was checked; a directory entry only adds its path."""
     files: dict[str, bytes] = {}
     total = 0
+    archive_bytes = _gunzip(label, tarball)
+    _check_headers(label, archive_bytes)
     try:
-        with tarfile.open(fileobj=io.BytesIO(_gunzip(label, tarball)), mode="r:") as archive:
+        with tarfile.open(fileobj=io.BytesIO(archive_bytes), mode="r:") as archive:
             for count, member in enumerate(archive):
                 if count >= SET_MAX_FILES:
                     _refuse(label, f"has more than {SET_MAX_FILES} entries in its tarball")
@@ -343,7 +361,7 @@ def _unpack(label: str, tarball: bytes) -> dict[str, bytes]:
                     _refuse(label, "has a truncated tarball")
                 _check_file(label, path, data)
                 files[path] = data
-    except (tarfile.TarError, OSError, EOFError):
+    except (tarfile.TarError, OSError, EOFError, RecursionError, ValueError):
         _refuse(label, "has a tarball that is not a gzipped tar archive")
     for path in files:
         for parent in PurePosixPath(path).parents:
@@ -365,6 +383,44 @@ def _gunzip(label: str, tarball: bytes) -> bytes:
     if not decompressor.eof or decompressor.unused_data:
         _refuse(label, "has a tarball that is cut short or has data after its end")
     return archive
+
+
+EXTENDED_HEADER_MAX_BYTES = 8 * 1024
+"""A PAX extended header (``x``) or GNU long name (``L``, ``K``): real ones hold a path and a few numbers."""
+
+
+def _check_headers(label: str, archive: bytes) -> None:
+    """Walk the archive's 512-byte headers before :mod:`tarfile` parses any: extended headers must be small and
+    never follow one another, and global ones are refused, so that no header can make parsing slow or deep."""
+    offset, extended = 0, False
+    while offset + 512 <= len(archive):
+        header = archive[offset : offset + 512]
+        if header == bytes(512):
+            return  # the end-of-archive marker
+        kind = header[156:157]
+        size = _header_size(label, header[124:136])
+        if kind in (b"g",):
+            _refuse(label, "has a global extended header in its tarball")
+        if kind in (b"x", b"L", b"K"):
+            if extended or size > EXTENDED_HEADER_MAX_BYTES:
+                _refuse(label, "has an oversized or repeated extended header in its tarball")
+            extended = True
+        else:
+            extended = False
+        offset += 512 + (size + 511) // 512 * 512
+
+
+def _header_size(label: str, field: bytes) -> int:
+    """A header's size field: octal digits, or base-256 when its first byte has the high bit set."""
+    if field[:1] and field[0] & 0x80:
+        return int.from_bytes(field[1:], "big")
+    digits = field.split(b"\0", 1)[0].strip()
+    if digits and not digits.isdigit():
+        _refuse(label, "has a malformed header in its tarball")
+    try:
+        return int(digits or b"0", 8)
+    except ValueError:
+        _refuse(label, "has a malformed header in its tarball")
 
 
 def _member_path(label: str, member: tarfile.TarInfo) -> str | None:
