@@ -131,7 +131,7 @@ async def test_the_tool_list_documents_every_parameter_with_annotations_and_outp
     names = {tool.name for tool in tools}
     assert names == {
         "create_sandbox", "write_files", "list_files", "read_file", "delete_files", "run_javascript",
-        "destroy_sandbox", "execute_javascript",
+        "destroy_sandbox", "execute_javascript", "evaluate_javascript",
     }  # fmt: skip
     for tool in tools:
         assert tool.description and len(tool.description) > 200, tool.name
@@ -670,7 +670,7 @@ async def test_the_servers_stdout_carries_only_json_rpc_while_it_runs_logs_and_f
 
     async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
         await client.initialize()
-        assert len((await client.list_tools()).tools) == 8
+        assert len((await client.list_tools()).tools) == 9
         noisy = {"files": [{"path": "noisy.js", "content": NOISY}], "entrypoint": "noisy.js"}
         run = ok(await client.call_tool("execute_javascript", noisy, progress_callback=on_progress))
         assert run["stdout"].startswith("to stdout\n") and run["stderr"].startswith("to stderr\n")
@@ -752,7 +752,7 @@ async def test_a_tagged_servers_start_up_sweep_removes_its_tags_garbage_and_leav
             with anyio.fail_after(20):
                 while await anyio.to_thread.run_sync(engine.container_facts, ours):  # noqa: ASYNC110
                     await anyio.sleep(0.1)
-            assert len((await client.list_tools()).tools) == 8
+            assert len((await client.list_tools()).tools) == 9
         facts = other_client.container_facts(theirs)
         assert facts is not None and facts.state == "running"  # expired, but another client's to judge
     finally:
@@ -796,7 +796,7 @@ async def test_an_unreachable_daemon_at_start_gives_container_unavailable_not_a_
     async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
         await client.initialize()
         assert error_code(await client.call_tool("create_sandbox", {})) == "CONTAINER_UNAVAILABLE"
-        assert len((await client.list_tools()).tools) == 8
+        assert len((await client.list_tools()).tools) == 9
 
 
 @pytest.fixture

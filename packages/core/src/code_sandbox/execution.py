@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Literal, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -46,6 +46,7 @@ from code_sandbox.sessions import SessionManager
 from code_sandbox.workspace import PreparedWrite, check_file_reply, file_refusal_error, is_file_refusal
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 HOST_GRACE_SECONDS = 5.0
 """How long past the run's deadline the host waits for the runner before it destroys the sandbox."""
@@ -200,21 +201,35 @@ async def _run_and_verify(
     finished: threading.Event,
     files: PreparedWrite | None,
 ) -> RunResult:
+    answer = await supervised_call(channel, call, progress, output, finished, what="run")
+    result = await _result(channel, request, await _run_half(channel, files, answer))
+    await require_no_survivors(channel, survey)
+    return result
+
+
+async def supervised_call(
+    channel: Channel,
+    call: Callable[[Callable[[bytes], None] | None], _T],
+    progress: Progress | None,
+    output: OutputSink | None,
+    finished: threading.Event,
+    *,
+    what: str,
+) -> _T:
+    """A run's (or an evaluation's) runner call in a worker thread, its progress relayed: a crash or a hang destroys
+    the sandbox, and a cancellation kills every process of the sandbox user (:func:`cancel_run`)."""
     crashed = SandboxError(
         ErrorCode.SUPERVISOR_FAILED,
-        "the run's supervisor was stopped or answered out of protocol; the sandbox was destroyed",
+        f"the {what}'s supervisor was stopped or answered out of protocol; the sandbox was destroyed",
     )
-    hung = SandboxError(ErrorCode.TIMEOUT, "the run did not stop at its deadline; the sandbox was destroyed")
+    hung = SandboxError(ErrorCode.TIMEOUT, f"the {what} did not stop at its deadline; the sandbox was destroyed")
     try:
         async with channel.guard(crashed=crashed, hung=hung):
-            answer = await supervise(call, progress, output)
+            return await supervise(call, progress, output)
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
             await cancel_run(channel, finished)
         raise
-    result = await _result(channel, request, await _run_half(channel, files, answer))
-    await require_no_survivors(channel, survey)
-    return result
 
 
 async def _run_half(
@@ -245,8 +260,8 @@ async def _result(channel: Channel, request: RunRequest, answer: RunAnswer | Ref
             SandboxError(ErrorCode.SUPERVISOR_FAILED, "the program could not be started; the sandbox was destroyed")
         )
     try:
-        stdout = _decode_output(answer.stdout_b64, answer.stdout_bytes, answer.stdout_truncated)
-        stderr = _decode_output(answer.stderr_b64, answer.stderr_bytes, answer.stderr_truncated)
+        stdout = decode_output(answer.stdout_b64, answer.stdout_bytes, answer.stdout_truncated)
+        stderr = decode_output(answer.stderr_b64, answer.stderr_bytes, answer.stderr_truncated)
     except ProtocolViolation:
         raise await channel.fail_closed(
             SandboxError(
@@ -254,7 +269,7 @@ async def _result(channel: Channel, request: RunRequest, answer: RunAnswer | Ref
             )
         ) from None
     if answer.cleanup != "ok":
-        raise await channel.fail_closed(_cleanup_failed())
+        raise await channel.fail_closed(cleanup_failed())
     # A run that lasted past its timeout timed out, whatever the runner says: user code shares its uid and can stop
     # or starve it across the deadline, so that it sees only the exit.
     timed_out = answer.timed_out or answer.duration_ms > request.timeout_ms
@@ -289,7 +304,7 @@ async def _result(channel: Channel, request: RunRequest, answer: RunAnswer | Ref
     )
 
 
-def _decode_output(b64: str, total: int, truncated: bool) -> bytes:
+def decode_output(b64: str, total: int, truncated: bool) -> bytes:
     """The kept bytes of one stream, checked against the counts the runner reported with them."""
     try:
         kept = base64.b64decode(b64, validate=True)
@@ -301,7 +316,7 @@ def _decode_output(b64: str, total: int, truncated: bool) -> bytes:
     return kept
 
 
-def _cleanup_failed() -> SandboxError:
+def cleanup_failed() -> SandboxError:
     return SandboxError(
         ErrorCode.PROCESS_CLEANUP_FAILED,
         "processes the program left behind could not be stopped; the sandbox was destroyed",
@@ -361,7 +376,7 @@ async def require_no_survivors(channel: Channel, survey: Survey) -> None:
             alive = await Survey(channel, timeout=SURVEY_TIMEOUT_SECONDS).count()
         if alive != 0:
             logger.warning("sandbox %s: processes outlived their run, or the survey failed", channel.name)
-            raise await channel.fail_closed(_cleanup_failed())
+            raise await channel.fail_closed(cleanup_failed())
 
 
 async def verify_cleanup(channel: Channel) -> None:
@@ -396,4 +411,4 @@ async def cancel_run(channel: Channel, finished: threading.Event) -> None:
                 return  # destroyed by verify_cleanup
             logger.info("sandbox %s: cancelled run stopped", channel.name)
             return
-    await channel.fail_closed(_cleanup_failed())
+    await channel.fail_closed(cleanup_failed())

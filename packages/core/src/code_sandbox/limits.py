@@ -14,6 +14,10 @@ WORKSPACE_BYTES = 64 * MiB
 
 # The file tools.
 MAX_FILE_BYTES = 2 * MiB
+MAX_CODE_CHARS = 512 * 1024
+"""The code of one evaluation, in characters: a request frame of it stays under the runner's 4 MiB whatever it holds."""
+MAX_VALUE_CHARS = 64 * 1024
+"""An evaluation's rendered value, in characters (the context cuts it there)."""
 MAX_REQUEST_BYTES = 8 * MiB
 MAX_ENTRIES = 100
 """Files and directories in a workspace, both counted."""
@@ -50,6 +54,8 @@ WORDS: dict[str, str] = {
     "output_cap": size(OUTPUT_CAP_BYTES),
     "max_arguments": str(MAX_ARGUMENTS),
     "argument_max": size(MAX_ARGUMENT_BYTES),
+    "code_max": size(MAX_CODE_CHARS),
+    "value_max": size(MAX_VALUE_CHARS),
 }
 """The limits as they are written in text: ``{memory}``, ``{output_cap}`` and the rest in any tool text, including
 a profile's ``run_tool_description``."""

@@ -37,6 +37,9 @@ class ProfileInfo:
     :param runtime_description: what ``build-image --runtime`` takes, e.g. ``a Linux lua binary``.
     :param protocol_version: the version of the host/helper protocol (:mod:`code_sandbox.protocol`) its helpers
         speak; core serves a profile only when it equals its own ``PROTOCOL_VERSION``.
+    :param evaluate_tool_name: the MCP tool that evaluates code in a session's persistent context (its runner
+        implements the protocol's ``evaluate``), e.g. ``evaluate_lua``; ``None`` when the profile has none.
+    :param evaluate_tool_description: that tool's text, with the same placeholders as ``run_tool_description``.
     """
 
     name: str
@@ -50,6 +53,8 @@ class ProfileInfo:
     runtime_description: str
     protocol_version: int
     ignored_directories: frozenset[str] = frozenset()
+    evaluate_tool_name: str | None = None
+    evaluate_tool_description: str = ""
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from code_sandbox.limits import MAX_FILE_BYTES
+from code_sandbox.limits import MAX_CODE_CHARS, MAX_FILE_BYTES
+from code_sandbox.limits import MAX_VALUE_CHARS as VALUE_CUT
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """The version of these messages and of the helpers' command lines and framing. A profile declares the version its
 helpers speak, and the image carries it as the label :data:`PROTOCOL_LABEL`; both must equal this."""
 PROTOCOL_LABEL = "io.code-sandbox.protocol"
@@ -103,6 +104,22 @@ class RunRequest(Message):
     stream: bool
 
 
+MAX_VALUE_CHARS = VALUE_CUT + 1
+"""An evaluation's rendered value, as the context cut it."""
+
+
+class EvaluateRequest(Message):
+    """``evaluate``: run ``code`` in the sandbox's evaluation context (started first when there is none or ``reset``)
+    with a run's deadline and caps; the context is paused after the call."""
+
+    code: Annotated[str, StringConstraints(max_length=MAX_CODE_CHARS)]
+    timeout_ms: Annotated[int, Field(ge=1, le=86_400_000)]
+    stdout_cap: Count
+    stderr_cap: Count
+    reset: bool
+    stream: bool
+
+
 class ExecuteRequest(Message):
     """A one-shot over the channel: ``write`` (its header and bytes follow the frame), then, only if every file was
     written, ``run``."""
@@ -123,28 +140,52 @@ class Refusal(Message):
     partial: bool = False
 
 
-class RunAnswer(Message):
-    """How a program ended, as the runner saw it."""
+class Supervised(Message):
+    """What every supervised call of user code reports: its output, time, cleanup and usage."""
 
     ok: Literal[True]
-    exit_code: Annotated[int, Field(ge=0, le=255)] | None
-    signal: Annotated[str, StringConstraints(max_length=16, pattern=r"^SIG[A-Z0-9]+$")] | None
-    timed_out: bool
     stdout_b64: Base64
     stderr_b64: Base64
     stdout_bytes: Count
     stderr_bytes: Count
     stdout_truncated: bool
     stderr_truncated: bool
-    oom_killed: bool
-    oom_detectable: bool
     duration_ms: Count
     cleanup: Literal["ok", "failed"]
     leftover_killed: Count
     cpu_ms: Count | None
-    """The sandbox cgroup's CPU time over the run, in milliseconds; ``None`` where the counter cannot be read."""
+    """The sandbox cgroup's CPU time over the call, in milliseconds; ``None`` where the counter cannot be read."""
     peak_memory_bytes: Count | None
-    """The most memory the sandbox cgroup used during the run above what it used just before it."""
+    """The most memory the sandbox cgroup used during the call above what it used just before it."""
+
+
+class RunAnswer(Supervised):
+    """How a program ended, as the runner saw it."""
+
+    exit_code: Annotated[int, Field(ge=0, le=255)] | None
+    signal: Annotated[str, StringConstraints(max_length=16, pattern=r"^SIG[A-Z0-9]+$")] | None
+    timed_out: bool
+    oom_killed: bool
+    oom_detectable: bool
+
+
+class ThrownError(Message):
+    """An error that evaluated code threw (or a promise it awaited rejected with): its stack keeps the user's frames."""
+
+    name: Annotated[str, StringConstraints(max_length=256)]
+    message: Annotated[str, StringConstraints(max_length=4096)]
+    stack: Annotated[str, StringConstraints(max_length=16 * 1024)]
+
+
+class EvaluateAnswer(Supervised):
+    """How an evaluation ended: a value or an error while the context lives on (``context_pid`` names it, paused,
+    for the survey to spare), or why the context ended (``context_ended``), with a run's output and usage fields."""
+
+    value: Annotated[str, StringConstraints(max_length=MAX_VALUE_CHARS)] | None
+    error: ThrownError | None
+    context_reset: bool
+    context_pid: Annotated[int, Field(ge=1, le=2**32)] | None
+    context_ended: Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"] | None
 
 
 class KillAllAnswer(Message):

@@ -16,6 +16,7 @@ from code_sandbox.limits import (
     DEFAULT_READ_BYTES,
     MAX_ARGUMENT_BYTES,
     MAX_ARGUMENTS,
+    MAX_CODE_CHARS,
     MAX_FILE_BYTES,
     MAX_FILES_PER_CALL,
     MAX_LIST_DEPTH,
@@ -189,6 +190,47 @@ class ExecuteInput(StrictInput):
     timeout_seconds: int
 
 
+class EvaluateInput(StrictInput):
+    """The evaluate tool's arguments; :func:`evaluate_input_model` bounds and describes them for one server."""
+
+    session_id: SessionId
+    code: str
+    timeout_seconds: int
+    reset: bool
+
+
+def _timeout_field(default_timeout: int, max_timeout: int, action: str, then: str) -> Any:
+    return (
+        int,
+        Field(
+            default=default_timeout,
+            ge=1,
+            le=max_timeout,
+            description=f"{action} after this many seconds (1 to {max_timeout}, default {default_timeout}); {then}.",
+        ),
+    )
+
+
+def evaluate_input_model(*, default_timeout: int, max_timeout: int) -> type[EvaluateInput]:
+    """The evaluate tool's input model, bounded by this server's settings."""
+    code: Any = (
+        str,
+        Field(
+            description="The code to evaluate in the sandbox's context, one statement or many; the value of the last "
+            f"one is returned. At most {WORDS['code_max']} (characters).",
+            max_length=MAX_CODE_CHARS,
+        ),
+    )
+    timeout = _timeout_field(
+        default_timeout,
+        max_timeout,
+        "End the evaluation",
+        "the context then ends too and the next call starts a fresh one",
+    )
+    reset: Any = (bool, Field(default=False, description="Discard the context first and start a fresh one."))
+    return create_model("EvaluateInput", __base__=EvaluateInput, code=code, timeout_seconds=timeout, reset=reset)
+
+
 def run_input_models(
     *, entrypoint_suffixes: tuple[str, ...], example_entrypoint: str, default_timeout: int, max_timeout: int
 ) -> tuple[type[RunInput], type[ExecuteInput]]:
@@ -212,16 +254,7 @@ def run_input_models(
             max_length=MAX_ARGUMENTS,
         ),
     )
-    timeout: Any = (
-        int,
-        Field(
-            default=default_timeout,
-            ge=1,
-            le=max_timeout,
-            description=f"Kill the program after this many seconds (1 to {max_timeout}, default {default_timeout}); "
-            "the result then has timed_out=true.",
-        ),
-    )
+    timeout = _timeout_field(default_timeout, max_timeout, "Kill the program", "the result then has timed_out=true")
     run = create_model(
         "RunInput", __base__=RunInput, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout
     )
@@ -322,6 +355,39 @@ class RunOutput(Output):
         "so a short spike below an earlier run's peak can be missed: a lower bound. Null where the counter "
         "cannot be read."
     )
+
+
+class ThrownErrorOutput(Output):
+    name: str = Field(description="The error's name, e.g. TypeError; Uncaught when something else was thrown.")
+    message: str = Field(description="The error's message (or what was thrown, rendered).")
+    stack: str = Field(description="The stack frames in your code (evaluated code, workspace files, packages).")
+
+
+class EvaluateOutput(Output):
+    value: str | None = Field(
+        description=f"The value of the last statement, rendered for reading (at most {WORDS['value_max']} of "
+        "characters, nested objects abbreviated); null when the code threw or the context ended."
+    )
+    error: ThrownErrorOutput | None = Field(
+        description="What the code threw, or the rejection of a promise it awaited; null when it did not. The "
+        "context lives on."
+    )
+    stdout: str = Field(description=f"What this call wrote to standard output, at most {WORDS['output_cap']}.")
+    stderr: str = Field(description=f"What this call wrote to standard error, at most {WORDS['output_cap']}.")
+    stdout_truncated: bool = Field(description=f"True when stdout passed {WORDS['output_cap']}; the context ended.")
+    stderr_truncated: bool = Field(description=f"True when stderr passed {WORDS['output_cap']}; the context ended.")
+    context_reset: bool = Field(
+        description="True when this call started a fresh context: the first call, after reset=true, or after the "
+        "context ended (a timeout, output cap, memory limit, crash, or a run in this sandbox)."
+    )
+    context_ended: Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"] | None = Field(
+        description="Null while the context lives on; else why it ended during this call (every variable is gone)."
+    )
+    timed_out: bool = Field(description="True when the evaluation was stopped at timeout_seconds.")
+    oom_killed: bool = Field(description=f"True when the {WORDS['memory']} memory limit ended the context.")
+    duration_ms: int = Field(description="Wall-clock time of the call in milliseconds.")
+    cpu_ms: int | None = Field(description="CPU time the call used, in milliseconds, as for runs.")
+    peak_memory_bytes: int | None = Field(description="The most memory the call used at once, as for runs.")
 
 
 class DestroyOutput(Output):

@@ -37,6 +37,7 @@ from code_sandbox import tool_text
 from code_sandbox.audit import AuditValue
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.evaluation import evaluate_code
 from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
 from code_sandbox.profile import Profile
 from code_sandbox.relay import LastLine, OutputSink, Progress
@@ -48,6 +49,8 @@ from code_sandbox.schemas import (
     DeleteStatus,
     DestroyOutput,
     Entry,
+    EvaluateInput,
+    EvaluateOutput,
     ExecuteInput,
     FileStatus,
     ListFilesInput,
@@ -57,8 +60,10 @@ from code_sandbox.schemas import (
     RunInput,
     RunOutput,
     SessionInput,
+    ThrownErrorOutput,
     WriteFilesInput,
     WriteFilesOutput,
+    evaluate_input_model,
     run_input_models,
 )
 from code_sandbox.service import SandboxService
@@ -231,6 +236,16 @@ class SandboxServer(Server[None]):
             ToolDef(self.execute_tool_name, tool_text.EXECUTE.format(**words), execute_model, RunOutput,
                     mutating, self._execute),
         ]  # fmt: skip
+        if info.evaluate_tool_name is not None:
+            evaluate_model = evaluate_input_model(
+                default_timeout=settings.default_timeout, max_timeout=settings.max_timeout
+            )
+            evaluate_text = tool_text.evaluate_tool_description(settings, profile)
+            tools.append(
+                ToolDef(
+                    info.evaluate_tool_name, evaluate_text, evaluate_model, EvaluateOutput, mutating, self._evaluate
+                )
+            )
         self.tool_defs = {tool.name: tool for tool in tools}
         self._described: tuple[str, ...] = ()
         """The package list the run tools' descriptions name now."""
@@ -260,6 +275,10 @@ class SandboxServer(Server[None]):
         execute_text = tool_text.EXECUTE.format(**tool_text.package_words(self.settings, self.profile, packages))
         self.tool_defs[run_name] = replace(self.tool_defs[run_name], description=run_text)
         self.tool_defs[execute_name] = replace(self.tool_defs[execute_name], description=execute_text)
+        evaluate_name = self.profile.info.evaluate_tool_name
+        if evaluate_name is not None:
+            evaluate_text = tool_text.evaluate_tool_description(self.settings, self.profile, packages)
+            self.tool_defs[evaluate_name] = replace(self.tool_defs[evaluate_name], description=evaluate_text)
         self._described = packages
 
     async def _call_tool(self, ctx: Context, params: CallToolRequestParams) -> CallToolResult:
@@ -383,6 +402,44 @@ class SandboxServer(Server[None]):
         )
         _run_counts(counts, result)
         return _run_output(result)
+
+    async def _evaluate(self, params: EvaluateInput, ctx: Context, counts: Counts) -> BaseModel:
+        progress, output = self._live(ctx)
+        counts.update(code_chars=len(params.code), reset=params.reset)
+        result = await evaluate_code(
+            self.manager,
+            params.session_id,
+            params.code,
+            timeout_seconds=params.timeout_seconds,
+            reset=params.reset,
+            progress=progress,
+            output=output,
+        )
+        counts.update(
+            context_reset=result.context_reset,
+            context_ended=result.context_ended,
+            output_bytes=result.output_bytes,
+            cpu_ms=result.cpu_ms,
+            peak_memory_bytes=result.peak_memory_bytes,
+        )
+        error = result.error
+        return EvaluateOutput(
+            value=result.value,
+            error=None
+            if error is None
+            else ThrownErrorOutput(name=error.name, message=error.message, stack=error.stack),
+            stdout=result.stdout,
+            stderr=result.stderr,
+            stdout_truncated=result.stdout_truncated,
+            stderr_truncated=result.stderr_truncated,
+            context_reset=result.context_reset,
+            context_ended=result.context_ended,
+            timed_out=result.context_ended == "timed_out",
+            oom_killed=result.context_ended == "oom_killed",
+            duration_ms=result.duration_ms,
+            cpu_ms=result.cpu_ms,
+            peak_memory_bytes=result.peak_memory_bytes,
+        )
 
     @staticmethod
     def _live(ctx: Context) -> tuple[Progress | None, OutputSink | None]:

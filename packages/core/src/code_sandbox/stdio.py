@@ -178,6 +178,7 @@ def _private_copy(fd: int) -> int:
 def run_stdio_server(settings: Settings, profile: Profile) -> None:
     """Serve MCP over stdin/stdout until stdin closes or SIGTERM/SIGINT arrives; then remove every sandbox."""
     tool_text.run_tool_description(settings, profile)  # a profile's bad text fails before anything is said
+    tool_text.evaluate_tool_description(settings, profile)
     stdin_fd, stdout_fd = claim_stdio()
     state_dir = default_state_dir()
     answers = RecordedAnswers(state_dir / "initialize", build_identity(tool_text.instructions(settings, profile.info)))

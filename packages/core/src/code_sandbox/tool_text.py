@@ -40,12 +40,21 @@ def package_words(settings: Settings, profile: Profile, packages: tuple[str, ...
 
 def run_tool_description(settings: Settings, profile: Profile, packages: tuple[str, ...] = ()) -> str:
     """The profile's run tool text with its placeholders (``{memory}``, ``{packages}``...) filled in."""
+    return profile_text(settings, profile, profile.info.run_tool_description, packages)
+
+
+def evaluate_tool_description(settings: Settings, profile: Profile, packages: tuple[str, ...] = ()) -> str:
+    """The profile's evaluate tool text, filled in like the run tool's."""
+    return profile_text(settings, profile, profile.info.evaluate_tool_description, packages)
+
+
+def profile_text(settings: Settings, profile: Profile, text: str, packages: tuple[str, ...]) -> str:
     try:
-        return profile.info.run_tool_description.format_map(package_words(settings, profile, packages))
+        return text.format_map(package_words(settings, profile, packages))
     except (KeyError, ValueError, IndexError, AttributeError):
         raise SandboxError(
             ErrorCode.PROFILE_ERROR,
-            "the profile's run tool description has a placeholder that is not a known limit",
+            "the profile's tool description has a placeholder that is not a known limit",
             hint="double literal braces ({{ and }}) in the profile's text",
         ) from None
 

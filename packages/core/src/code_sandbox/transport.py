@@ -31,6 +31,8 @@ from code_sandbox.protocol import (
     ChannelHello,
     DeleteRequest,
     DigestRequest,
+    EvaluateAnswer,
+    EvaluateRequest,
     ExecuteAnswer,
     ExecuteRequest,
     InventoryRequest,
@@ -122,6 +124,14 @@ class Transport(abc.ABC):
         if isinstance(ran, Refusal):
             return ran
         return ExecuteAnswer(ok=True, written=written, run=ran)
+
+    def evaluate(
+        self, target: Target, request: EvaluateRequest, *, timeout: float, on_stderr: StderrSink | None = None
+    ) -> EvaluateAnswer | Refusal:
+        """Code run in the sandbox's evaluation context, which lives between calls. Only a transport that keeps a
+        channel open keeps a context: this one refuses."""
+        del target, request, timeout, on_stderr
+        return Refusal(ok=False, code="INVALID_REQUEST", message="evaluation needs a channel")
 
     @abc.abstractmethod
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
@@ -291,6 +301,8 @@ class ChannelTransport(DockerTransport):
     def __init__(self, engine: DockerEngine, profile: Profile) -> None:
         super().__init__(engine, profile)
         self._channels: dict[Target, tuple[HeldExec, int]] = {}
+        self._contexts: dict[Target, int] = {}
+        """The pid of each channel's evaluation context while it lives, paused, between calls."""
         self._supervisors: dict[str, HeldExec] = {}
         self._gates: dict[tuple[str, str], threading.Lock] = {}
         self._closed: OrderedDict[str, None] = OrderedDict()
@@ -391,6 +403,7 @@ class ChannelTransport(DockerTransport):
         self, target: Target, request: RunRequest, *, timeout: float, on_stderr: StderrSink | None = None
     ) -> RunAnswer | Refusal:
         frame = _envelope("run", request)
+        self._forget_context(target)  # the run's cleanup kills it
         return self._exchange(
             target, "run", [frame], RunAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
             on_stderr=on_stderr,
@@ -406,6 +419,7 @@ class ChannelTransport(DockerTransport):
         on_stderr: StderrSink | None = None,
     ) -> ExecuteAnswer | Refusal:
         frame = _envelope("execute", request)
+        self._forget_context(target)
         answer = self._exchange(
             target, "execute", itertools.chain([frame], payload), ExecuteAnswer, timeout=timeout,
             max_answer=9 * MiB, max_stderr=8 * MiB, on_stderr=on_stderr,
@@ -414,8 +428,29 @@ class ChannelTransport(DockerTransport):
             self._drop(target)  # the channel ends after refusing a one-shot; a later call opens a new one
         return answer
 
+    def evaluate(
+        self, target: Target, request: EvaluateRequest, *, timeout: float, on_stderr: StderrSink | None = None
+    ) -> EvaluateAnswer | Refusal:
+        frame = _envelope("evaluate", request)
+        self._forget_context(target)  # until the answer says that it lives on
+        answer = self._exchange(
+            target, "evaluate", [frame], EvaluateAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
+            on_stderr=on_stderr,
+        )  # fmt: skip
+        if isinstance(answer, EvaluateAnswer) and answer.context_pid is not None:
+            with self._lock:
+                if target in self._channels:
+                    self._contexts[target] = answer.context_pid
+        return answer
+
+    def _forget_context(self, target: Target) -> None:
+        """A run's cleanup, a kill-all or a dropped channel ends the context: the survey spares it no longer."""
+        with self._lock:
+            self._contexts.pop(target, None)
+
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
         # Kills every process of the sandbox uid, the channel included; the next call opens a new one.
+        self._forget_context(target)
         try:
             return super().kill_all(target, timeout=timeout)
         finally:
@@ -453,11 +488,14 @@ class ChannelTransport(DockerTransport):
     def _survey_line(self, target: Target) -> bytes:
         with self._lock:
             known = self._channels.get(target)
-        return b"\n" if known is None else f"{known[1]}\n".encode()
+            context = self._contexts.get(target)
+        spared = [] if known is None else [known[1], *([context] if context is not None else [])]
+        return " ".join(map(str, spared)).encode() + b"\n"
 
     def _drop(self, target: Target) -> None:
         with self._lock:
             known = self._channels.pop(target, None)
+            self._contexts.pop(target, None)
         if known is not None:
             known[0].close()
 

@@ -62,6 +62,28 @@ A program killed by its timeout, its output cap or the memory limit still return
 cannot be cleaned up destroys the sandbox (error PROCESS_CLEANUP_FAILED), and so does one that stops or kills the \
 runner that supervises it (error SUPERVISOR_FAILED)."""
 
+EVALUATE_TOOL_DESCRIPTION = """\
+Evaluate JavaScript in the sandbox's persistent context, like a REPL or a notebook cell, and return the value of \
+its last statement. Use it to explore step by step: load or compute something once, then ask about it in later \
+calls without running everything again. For a program kept in files use {run_tool}; for one throwaway run, \
+{execute_tool}.
+
+What persists between calls: variables, functions and classes (let, const, var, function, class) and globals. \
+Top-level await works. require('x') and import('x') load Node.js built-in modules, workspace files (the working \
+directory is /workspace) and the sandbox's packages. A let or const name cannot be declared twice: assign to it, \
+or pass reset=true. No network, {memory} of memory for everything in the sandbox, {cpus}, {processes} processes.
+
+The context ends, and the next call starts a fresh one (context_reset=true), when a call times out \
+(timeout_seconds), passes the output cap ({output_cap} per stream), runs out of memory or crashes; reset=true \
+discards it first; a {run_tool} call in the same sandbox ends it too. Between calls the context is paused: timers \
+and unfinished promises go on during the next call. Anything else the code starts (child processes) is killed \
+when its call ends. Packages: {packages}.
+
+Returns value (util.inspect of the last statement's value, at most {value_max}) or error ({{name, message, stack}} \
+for a thrown error or a rejected promise: an error in your code is a result, not a tool error), this call's stdout \
+and stderr with their truncation flags, context_reset, context_ended (why the context ended, else null), \
+timed_out, oom_killed, duration_ms, cpu_ms and peak_memory_bytes."""
+
 
 # Printed as one ProbeAnswer line (see code_sandbox.protocol) from inside a hardened container, for `doctor`.
 PROBE = r"""
@@ -99,6 +121,8 @@ class JavaScriptProfile(Profile):
         runtime_description="a Linux node binary",
         protocol_version=PROTOCOL_VERSION,
         ignored_directories=frozenset({"node_modules"}),
+        evaluate_tool_name="evaluate_javascript",
+        evaluate_tool_description=EVALUATE_TOOL_DESCRIPTION,
     )
 
     def image_spec(self) -> ImageSpec:

@@ -164,13 +164,15 @@ function signalAll(signal) {
 // Kills every other process of the sandbox user and proves it with /proc scans. Everyone is stopped first: a
 // stopped process can neither fork nor compete for the CPU, so the count stays exact and the scan quick even
 // right after a fork storm. Then they are killed, and we wait (re-killing anything seen) until a scan is clean.
-async function killLeftovers() {
+// With `spared` (a paused evaluation context) that one process is stopped with the rest but not killed.
+async function killLeftovers(spared = null) {
   signalAll('SIGSTOP');
-  const seen = new Set(sameUidPids());
-  signalAll('SIGKILL');
+  const others = () => sameUidPids().filter((pid) => pid !== spared);
+  const seen = new Set(others());
+  if (spared === null) signalAll('SIGKILL');
   const deadline = performance.now() + CLEANUP_GRACE_MS;
   for (;;) {
-    const alive = sameUidPids();
+    const alive = others();
     if (alive.length === 0) return { cleanup: 'ok', killed: seen.size };
     if (performance.now() >= deadline) return { cleanup: 'failed', killed: seen.size };
     for (const pid of alive) {
@@ -193,7 +195,14 @@ async function killLeftovers() {
 const STREAM_FLUSH_MS = 250;
 const STREAM_PIECE_BYTES = 64 * 1024;
 function capture(stream, cap, onOverflow, name) {
-  const c = { chunks: [], kept: 0, total: 0, truncated: false, flush: () => {} };
+  const c = collector(cap, onOverflow, name);
+  stream.on('data', c.feed);
+  stream.on('error', () => {}); // a broken pipe only ends the capture
+  return c;
+}
+
+function collector(cap, onOverflow, name) {
+  const c = { chunks: [], kept: 0, total: 0, truncated: false, flush: () => {}, feed: () => {} };
   let pending = [];
   let pendingBytes = 0;
   let timer = null;
@@ -206,7 +215,7 @@ function capture(stream, cap, onOverflow, name) {
     pendingBytes = 0;
     process.stderr.write(`${JSON.stringify({ stream: name, b64 })}\n`);
   };
-  stream.on('data', (chunk) => {
+  c.feed = (chunk) => {
     c.total += chunk.length;
     if (c.kept < cap) {
       const part = chunk.subarray(0, cap - c.kept);
@@ -223,20 +232,62 @@ function capture(stream, cap, onOverflow, name) {
       c.truncated = true;
       onOverflow();
     }
-  });
-  stream.on('error', () => {}); // a broken pipe only ends the capture
+  };
   return c;
 }
 
 const closed = (stream) => (stream.closed ? Promise.resolve() : new Promise((done) => stream.once('close', done)));
 
-async function run(req) {
+// What a supervised call of user code used, from the sandbox cgroup's counters before, during and after it; and
+// its progress lines on stderr, once a second, once `watch` has its output.
+function meter() {
   const oomBefore = readOomKills();
   const cpuBefore = readCounter(CPU_COUNTERS);
   const peakBefore = readCounter(MEMORY_PEAK);
   const memoryBefore = readCounter(MEMORY_NOW);
   let sampledPeak = memoryBefore;
+  let progress = null;
   const started = performance.now();
+  const sampler = setInterval(() => {
+    const now = readCounter(MEMORY_NOW);
+    if (now !== null && sampledPeak !== null) sampledPeak = Math.max(sampledPeak, now);
+  }, MEMORY_SAMPLE_MS);
+  return {
+    started,
+    watch(out, err) {
+      progress = setInterval(() => {
+        const line = { elapsed_ms: Math.round(performance.now() - started), stdout_bytes: out.total };
+        process.stderr.write(`${JSON.stringify({ ...line, stderr_bytes: err.total })}\n`);
+      }, PROGRESS_MS);
+    },
+    stop() {
+      clearInterval(sampler);
+      clearInterval(progress);
+      return Math.round(performance.now() - started);
+    },
+    // After the cleanup: the CPU time from before the start to now (the code, its children, and the little that the
+    // runner and the idle watchdog used meanwhile), and the most the cgroup used during the call above what it used
+    // just before (the helpers' own memory): a new high-water mark set meanwhile is exact; otherwise the highest
+    // sample (every 20 ms) is as near as it gets.
+    usage() {
+      const cpuAfter = readCounter(CPU_COUNTERS);
+      const peakAfter = readCounter(MEMORY_PEAK);
+      return {
+        cpu_ms: cpuBefore !== null && cpuAfter !== null ? Math.round(Math.max(0, cpuAfter - cpuBefore) / 1e6) : null,
+        peak_memory_bytes: memoryBefore === null ? null : Math.max(0, (peakBefore !== null && peakAfter !== null &&
+          peakAfter > peakBefore ? peakAfter : sampledPeak) - memoryBefore),
+      };
+    },
+    // Only the kernel's counter says "OOM": a SIGKILL alone could be ours or anyone's. null: not detectable here.
+    oomKilled() {
+      const oomAfter = readOomKills();
+      return oomBefore !== null && oomAfter !== null ? oomAfter > oomBefore : null;
+    },
+  };
+}
+
+async function run(req) {
+  const metered = meter();
   let child;
   try {
     // detached: the child leads a new process group (and session), so one kill reaches its whole group and
@@ -245,6 +296,7 @@ async function run(req) {
       cwd: '/workspace', env: CHILD_ENV, stdio: ['ignore', 'pipe', 'pipe'], detached: true,
     });
   } catch {
+    metered.stop();
     return refusal('SPAWN_FAILED');
   }
   // Listen for the exit before anything can await, so it cannot be missed.
@@ -254,7 +306,10 @@ async function run(req) {
     child.once('error', () => resolve(false));
   });
   child.on('error', () => {}); // later errors (a failed kill) must not crash the runner
-  if (!spawned) return refusal('SPAWN_FAILED');
+  if (!spawned) {
+    metered.stop();
+    return refusal('SPAWN_FAILED');
+  }
 
   const killGroup = () => {
     try {
@@ -270,56 +325,49 @@ async function run(req) {
     timedOut = true;
     killGroup();
   }, req.timeout_ms);
-  const progress = setInterval(() => {
-    const line = { elapsed_ms: Math.round(performance.now() - started), stdout_bytes: out.total };
-    process.stderr.write(`${JSON.stringify({ ...line, stderr_bytes: err.total })}\n`);
-  }, PROGRESS_MS);
-  const sampler = setInterval(() => {
-    const now = readCounter(MEMORY_NOW);
-    if (now !== null && sampledPeak !== null) sampledPeak = Math.max(sampledPeak, now);
-  }, MEMORY_SAMPLE_MS);
+  metered.watch(out, err);
 
   // Wait for the child's exit, not for its pipes: a grandchild that escaped the group may hold them open forever.
   const { code, signal } = await exited;
-  const durationMs = Math.round(performance.now() - started);
+  const durationMs = metered.stop();
   clearTimeout(timer);
-  clearInterval(progress);
-  clearInterval(sampler);
   const leftovers = await killLeftovers();
-  const cpuAfter = readCounter(CPU_COUNTERS);
-  const peakAfter = readCounter(MEMORY_PEAK);
+  if (context !== null) {
+    await Promise.race([context.exited, sleep(DRAIN_MS)]); // killed with the rest: the run reset it
+    context = null;
+  }
+  const usage = metered.usage();
   // Every writer is dead now, so what is still buffered in the pipes arrives at once; bound the wait anyway.
   await Promise.race([Promise.all([closed(child.stdout), closed(child.stderr)]), sleep(DRAIN_MS)]);
   child.stdout.destroy();
   child.stderr.destroy();
-  out.flush();
-  err.flush();
-  const oomAfter = readOomKills();
-  const oomDetectable = oomBefore !== null && oomAfter !== null;
+  const oomKilled = metered.oomKilled();
   return {
-    ok: true,
+    ...supervised(out, err, durationMs, leftovers, usage),
     exit_code: code,
     signal,
     timed_out: timedOut,
+    oom_killed: oomKilled === true && signal === 'SIGKILL',
+    oom_detectable: oomKilled !== null,
+  };
+}
+
+// The fields of every supervised call's answer (protocol.Supervised), once its cleanup is done.
+function supervised(out, err, durationMs, leftovers, usage) {
+  out.flush();
+  err.flush();
+  return {
+    ok: true,
     stdout_b64: Buffer.concat(out.chunks).toString('base64'),
     stderr_b64: Buffer.concat(err.chunks).toString('base64'),
     stdout_bytes: out.total,
     stderr_bytes: err.total,
     stdout_truncated: out.truncated,
     stderr_truncated: err.truncated,
-    // Only the kernel's counter says "OOM": a SIGKILL alone could be ours or anyone's.
-    oom_killed: oomDetectable && oomAfter > oomBefore && signal === 'SIGKILL',
-    oom_detectable: oomDetectable,
     duration_ms: durationMs,
     cleanup: leftovers.cleanup,
     leftover_killed: leftovers.killed,
-    // The cgroup's CPU time from before the spawn to after the cleanup: the program, its children, and the
-    // little that the runner and the idle watchdog used meanwhile.
-    cpu_ms: cpuBefore !== null && cpuAfter !== null ? Math.round(Math.max(0, cpuAfter - cpuBefore) / 1e6) : null,
-    // The most the cgroup used during the run above what it used just before (the helpers' own memory): a new
-    // high-water mark set during the run is exact; otherwise the highest sample (every 20 ms) is as near as it gets.
-    peak_memory_bytes: memoryBefore === null ? null : Math.max(0, (peakBefore !== null && peakAfter !== null &&
-      peakAfter > peakBefore ? peakAfter : sampledPeak) - memoryBefore),
+    ...usage,
   };
 }
 
@@ -337,8 +385,9 @@ function sealed() {
 // or read): after a run, any such process outlived it. A status that cannot be read counts as alive; a process that
 // vanished between listing and reading means the process table changed under us, so we look again, and a table
 // that keeps changing (something still forks and exits) counts as alive too.
-// `spared` is the pid of the session's channel (a runner of the sandbox uid that lives on between runs), which the
-// host learned from the channel itself when it opened it; it is the one process not counted.
+// `spared` are the pids of the session's channel (a runner of the sandbox uid that lives on between runs) and of its
+// evaluation context if one is paused between calls, which the host learned from the channel's answers; they are the
+// only processes not counted.
 const SURVEY_SCANS = 5;
 function survey(spared) {
   const own = process.getuid();
@@ -346,7 +395,7 @@ function survey(spared) {
     let alive = 0;
     let vanished = 0;
     for (const name of fs.readdirSync('/proc')) {
-      if (!/^[0-9]+$/.test(name) || Number(name) === process.pid || Number(name) === spared) continue;
+      if (!/^[0-9]+$/.test(name) || Number(name) === process.pid || spared.includes(Number(name))) continue;
       let status;
       try {
         status = fs.readFileSync(`/proc/${name}/status`, 'latin1');
@@ -364,20 +413,24 @@ function survey(spared) {
   return 1;
 }
 
-// Waits for one line on stdin, which releases the survey: empty, or the pid to spare (the channel's). Returns
-// {spared} (null for none), or null when stdin ends first (the survey is not wanted) or the line is malformed.
+// A survey line: empty, or the pids to spare (the channel's, then its paused context's), separated by a space.
+const SPARED_LINE = /^(|[1-9][0-9]{0,9}( [1-9][0-9]{0,9})?)$/;
+const MAX_SPARED_LINE = 32;
+const sparedPids = (line) => (line === '' ? [] : line.split(' ').map(Number));
+
+// Waits for one line on stdin, which releases the survey. Returns {spared}, or null when stdin ends first (the
+// survey is not wanted) or the line is malformed.
 async function released() {
   let text = '';
   for await (const chunk of process.stdin) {
     text += chunk.toString('latin1');
     const end = text.indexOf('\n');
     if (end === -1) {
-      if (text.length > 16) return null;
+      if (text.length > MAX_SPARED_LINE) return null;
       continue;
     }
     const line = text.slice(0, end);
-    if (line === '') return { spared: null };
-    return /^[1-9][0-9]{0,9}$/.test(line) ? { spared: Number(line) } : null;
+    return SPARED_LINE.test(line) ? { spared: sparedPids(line) } : null;
   }
   return null;
 }
@@ -393,10 +446,261 @@ async function supervise() {
     for (let end = text.indexOf('\n'); end !== -1; end = text.indexOf('\n')) {
       const line = text.slice(0, end);
       text = text.slice(end + 1);
-      if (line !== '' && !/^[1-9][0-9]{0,9}$/.test(line)) return refusal('INVALID_REQUEST');
-      await send({ ok: true, alive: survey(line === '' ? null : Number(line)) });
+      if (!SPARED_LINE.test(line)) return refusal('INVALID_REQUEST');
+      await send({ ok: true, alive: survey(sparedPids(line)) });
     }
-    if (text.length > 16) return refusal('INVALID_REQUEST');
+    if (text.length > MAX_SPARED_LINE) return refusal('INVALID_REQUEST');
+  }
+  return null;
+}
+
+// -- evaluation contexts ------------------------------------------------------------------------------------------
+// A session's evaluation context: one node process that the channel starts on the first evaluate and pauses
+// (SIGSTOP) between calls, in which code runs as Node's REPL runs it: top-level await, declarations that persist.
+// It is user code: what it answers is checked here like anything a program prints, and it can only make its own
+// answer wrong. A run's cleanup kills it with every other leftover, so a run resets the context.
+const VALUE_MAX = 64 * 1024;
+const NAME_MAX = 256;
+const MESSAGE_MAX = 4096;
+const STACK_MAX = 16 * 1024;
+const CONTEXT_LINE_MAX = 256 * 1024;
+const MARKER_WAIT_MS = 1000;
+const MAX_CODE = 2 * 512 * 1024; // the host allows 512 Ki characters: at most twice as many UTF-16 units
+const CONTEXT_ARGV = ['--disable-proto=throw', new URL(import.meta.url).pathname, '--context'];
+let context = null;
+
+function validEvaluation(req) {
+  const keys = ['code', 'timeout_ms', 'stdout_cap', 'stderr_cap', 'reset', 'stream'];
+  const isObject = req !== null && typeof req === 'object' && !Array.isArray(req);
+  if (!isObject || Object.keys(req).length !== keys.length || !keys.every((k) => Object.hasOwn(req, k))) return null;
+  const intIn = (n, lo, hi) => Number.isSafeInteger(n) && n >= lo && n <= hi;
+  const ok = typeof req.code === 'string' && req.code.length <= MAX_CODE && intIn(req.timeout_ms, 1, MAX_TIMEOUT_MS) &&
+    intIn(req.stdout_cap, 0, MAX_CAP) && intIn(req.stderr_cap, 0, MAX_CAP) && typeof req.reset === 'boolean' &&
+    typeof req.stream === 'boolean';
+  return ok ? req : null;
+}
+
+// Whether a process is alive: not gone and not a zombie that node has yet to reap.
+function isAlive(pid) {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
+    return !['Z', 'X'].includes(stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3));
+  } catch {
+    return false;
+  }
+}
+
+async function startContext() {
+  let child;
+  try {
+    child = spawn(process.execPath, CONTEXT_ARGV, {
+      cwd: '/workspace', env: CHILD_ENV, stdio: ['pipe', 'pipe', 'pipe', 'pipe'], detached: true,
+    });
+  } catch {
+    return null;
+  }
+  const ctx = { child, pid: child.pid, on: { stdout: null, stderr: null, answer: null } };
+  ctx.exited = new Promise((resolve) => child.once('exit', (code, signal) => {
+    if (context === ctx) context = null;
+    resolve({ code, signal });
+  }));
+  const spawned = await new Promise((resolve) => {
+    child.once('spawn', () => resolve(true));
+    child.once('error', () => resolve(false));
+  });
+  child.on('error', () => {});
+  for (const [name, stream] of [['stdout', child.stdout], ['stderr', child.stderr], ['answer', child.stdio[3]]]) {
+    stream.on('data', (chunk) => ctx.on[name]?.(chunk));
+    stream.on('error', () => {});
+  }
+  child.stdin.on('error', () => {});
+  return spawned ? ctx : null;
+}
+
+// Feeds a stream's bytes to `take` until `marker`, which ends this call's share of the stream; bytes that might be
+// the start of the marker are held back until the next chunk tells.
+function markedStream(marker, take) {
+  const m = { seen: false, held: Buffer.alloc(0) };
+  m.done = new Promise((resolve) => { m.resolve = resolve; });
+  m.feed = (chunk) => {
+    if (m.seen) return;
+    const data = Buffer.concat([m.held, chunk]);
+    const at = data.indexOf(marker);
+    if (at !== -1) {
+      if (at > 0) take(data.subarray(0, at));
+      m.seen = true;
+      m.resolve();
+      return;
+    }
+    const keep = Math.min(data.length, marker.length - 1);
+    if (data.length > keep) take(data.subarray(0, data.length - keep));
+    m.held = Buffer.from(data.subarray(data.length - keep));
+  };
+  return m;
+}
+
+const isText = (v, max) => typeof v === 'string' && v.length <= max;
+
+// The context's answer line, checked: exactly one of a value or an error, each bounded, for this call's nonce.
+function contextAnswer(line, nonce) {
+  let answer;
+  try {
+    answer = JSON.parse(line);
+  } catch {
+    return null;
+  }
+  const isObject = answer !== null && typeof answer === 'object' && !Array.isArray(answer);
+  if (!isObject || Object.keys(answer).length !== 3 || answer.nonce !== nonce) return null;
+  const { value, error } = answer;
+  if (value !== null && error === null && isText(value, VALUE_MAX + 1)) return { value, error: null };
+  const errorOk = error !== null && typeof error === 'object' && !Array.isArray(error) &&
+    Object.keys(error).length === 3 && isText(error.name, NAME_MAX) && isText(error.message, MESSAGE_MAX) &&
+    isText(error.stack, STACK_MAX);
+  return value === null && errorOk ? { value: null, error: { name: error.name, message: error.message, stack: error.stack } } : null;
+}
+
+async function evaluate(req) {
+  const metered = meter();
+  if (context !== null && (req.reset || !isAlive(context.pid))) {
+    const old = context;
+    try {
+      process.kill(-old.pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+    await Promise.race([old.exited, sleep(CLEANUP_GRACE_MS)]);
+    context = null;
+  }
+  const reset = context === null;
+  if (reset) {
+    context = await startContext();
+    if (context === null) {
+      metered.stop();
+      return refusal('SPAWN_FAILED');
+    }
+  }
+  const ctx = context;
+  let ended = null;
+  const kill = (why) => {
+    ended ??= why;
+    try {
+      process.kill(-ctx.pid, 'SIGKILL');
+    } catch {
+      // the group is already empty
+    }
+  };
+  const nonce = Buffer.from(crypto.getRandomValues(new Uint8Array(16))).toString('hex');
+  const marker = Buffer.from(nonce);
+  const out = collector(req.stdout_cap, () => kill('OUTPUT_LIMIT_EXCEEDED'), req.stream ? 'stdout' : null);
+  const err = collector(req.stderr_cap, () => kill('OUTPUT_LIMIT_EXCEEDED'), req.stream ? 'stderr' : null);
+  const outMark = markedStream(marker, out.feed);
+  const errMark = markedStream(marker, err.feed);
+  ctx.on.stdout = outMark.feed;
+  ctx.on.stderr = errMark.feed;
+  let text = '';
+  const line = new Promise((resolve) => {
+    ctx.on.answer = (chunk) => {
+      text += chunk.toString('utf8');
+      const end = text.indexOf('\n');
+      if (end !== -1) resolve(text.slice(0, end));
+      else if (text.length > CONTEXT_LINE_MAX) kill('crashed');
+    };
+  });
+  const timer = setTimeout(() => kill('timed_out'), req.timeout_ms);
+  metered.watch(out, err);
+  try {
+    process.kill(ctx.pid, 'SIGCONT');
+  } catch {
+    // it died: the exit below says so
+  }
+  ctx.child.stdin.write(`${JSON.stringify({ nonce, code: req.code })}\n`);
+  const outcome = await Promise.race([line.then((l) => ({ line: l })), ctx.exited.then(() => ({ line: null }))]);
+  let answer = null;
+  if (outcome.line !== null && ended === null) {
+    // The markers were written before the answer: they are in the pipes already, if not read yet.
+    await Promise.race([Promise.all([outMark.done, errMark.done]), sleep(MARKER_WAIT_MS)]);
+    answer = outMark.seen && errMark.seen ? contextAnswer(outcome.line, nonce) : null;
+    if (answer === null) kill('crashed');
+  }
+  const durationMs = metered.stop();
+  clearTimeout(timer);
+  const alive = answer !== null && ended === null && context === ctx;
+  if (!alive) {
+    kill('crashed');
+    await Promise.race([ctx.exited, sleep(CLEANUP_GRACE_MS)]);
+    if (context === ctx) context = null;
+  }
+  for (const name of ['stdout', 'stderr', 'answer']) ctx.on[name] = null;
+  // Everything else that the code started is killed; a living context is paused until the next call.
+  const leftovers = await killLeftovers(alive ? ctx.pid : null);
+  const usage = metered.usage();
+  const oomKilled = !alive && ended === 'crashed' && metered.oomKilled() === true;
+  return {
+    ...supervised(out, err, durationMs, leftovers, usage),
+    value: alive ? answer.value : null,
+    error: alive ? answer.error : null,
+    context_reset: reset,
+    context_pid: alive ? ctx.pid : null,
+    context_ended: alive ? null : (oomKilled ? 'oom_killed' : ended),
+  };
+}
+
+// The context process itself (--context): reads {"nonce", "code"} lines on stdin, evaluates each in this process's
+// main context with the REPL's evaluator, writes the nonce to stdout and stderr (the end of the call's output),
+// then one answer line on fd 3.
+const USER_FRAME = /(\bevaluation:\d+:\d+|\/workspace\/|\/node_modules\/)/;
+async function contextMain() {
+  const [{ default: repl }, { PassThrough }, { default: util }, { createInterface }] = await Promise.all([
+    import('node:repl'), import('node:stream'), import('node:util'), import('node:readline'),
+  ]);
+  const cut = (text, max) => (text.length > max ? text.slice(0, max) : text);
+  const show = (value) => {
+    try {
+      return cut(util.inspect(value, { depth: 4, maxArrayLength: 100, maxStringLength: 10_000, breakLength: 100 }), VALUE_MAX);
+    } catch {
+      return '[a value that cannot be shown]';
+    }
+  };
+  const describe = (thrown) => {
+    try {
+      const error = thrown?.constructor?.name === 'Recoverable' && thrown.err ? thrown.err : thrown; // incomplete code
+      if (!(error instanceof Error)) return { name: 'Uncaught', message: cut(show(error), MESSAGE_MAX), stack: '' };
+      const frames = String(error.stack ?? '').split('\n').filter((l) => /^\s+at /.test(l) && USER_FRAME.test(l));
+      return {
+        name: cut(String(error.name), NAME_MAX), message: cut(String(error.message), MESSAGE_MAX),
+        stack: cut(frames.join('\n'), STACK_MAX),
+      };
+    } catch {
+      return { name: 'Error', message: 'an error that cannot be shown', stack: '' };
+    }
+  };
+  const server = repl.start({
+    input: new PassThrough(), output: new PassThrough(), terminal: false, useGlobal: true, prompt: '', preview: false,
+  });
+  let current = null;
+  // The REPL reports a thrown error (synchronous or from awaited code) to its domain, not to the eval callback.
+  server._domain.removeAllListeners('error');
+  server._domain.on('error', (error) => current?.({ error }));
+  for await (const text of createInterface({ input: process.stdin, crlfDelay: Infinity })) {
+    const { nonce, code } = JSON.parse(text);
+    const outcome = await new Promise((resolve) => {
+      const settle = (result) => {
+        if (current === settle) {
+          current = null;
+          resolve(result);
+        }
+      };
+      current = settle;
+      try {
+        server.eval(code, server.context, 'evaluation', (error, value) => settle(error ? { error } : { value }));
+      } catch (error) {
+        settle({ error });
+      }
+    });
+    const answer = 'error' in outcome ? { value: null, error: describe(outcome.error) } : { value: show(outcome.value), error: null };
+    fs.writeSync(1, nonce);
+    fs.writeSync(2, nonce);
+    fs.writeSync(3, `${JSON.stringify({ nonce, ...answer })}\n`);
   }
   return null;
 }
@@ -419,7 +723,7 @@ function watchdogReady() {
 // The channel: frames on a held stdin, each {"op": <a file operation, "run" or "execute">, "request": {...}}, one
 // answer line on stdout each. A write's (and an execute's) header and bytes follow its frame. It saves the host a
 // docker exec and a node start per call. End of stdin at a frame boundary ends it quietly; anything malformed is answered once and ends it.
-const ENVELOPE_OPS = new Set([...FILE_OPERATIONS, 'run', 'execute']);
+const ENVELOPE_OPS = new Set([...FILE_OPERATIONS, 'run', 'execute', 'evaluate']);
 
 // A one-shot's single request: {"write": <a write request>, "run": <a run request>}, the write's header and bytes
 // after the frame. The program runs only once every file is written; the answer carries both results, or the first
@@ -490,6 +794,9 @@ async function channel() {
       result = req === null ? refusal('INVALID_REQUEST') : await run(req);
     } else if (envelope.op === 'execute') {
       result = await execute(envelope.request, take);
+    } else if (envelope.op === 'evaluate') {
+      const req = validEvaluation(envelope.request);
+      result = req === null ? refusal('INVALID_REQUEST') : await evaluate(req);
     } else {
       result = await fileOperation(envelope.op, envelope.request, take);
     }
@@ -519,6 +826,7 @@ async function main() {
   }
   if (args.length === 1 && args[0] === '--watchdog-ready') return { ok: true, ready: watchdogReady() };
   if (args.length === 1 && args[0] === '--channel') return channel();
+  if (args.length === 1 && args[0] === '--context') return contextMain();
   if (args.length === 1 && args[0] === '--supervise') return supervise();
   if (args.length === 1 && args[0] === '--kill-all') {
     const { cleanup, killed } = await killLeftovers();

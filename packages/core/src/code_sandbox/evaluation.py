@@ -1,0 +1,146 @@
+"""Evaluating code in a sandbox's evaluation context: a process of user code that keeps its variables between calls.
+
+The runner starts the context on the first call (or after it ended, or on ``reset``), sends it the code, collects
+the call's output with a run's caps and deadline, and pauses the context after the call; everything else the code
+started is killed, and the supervisor's survey proves it, sparing only the channel and the paused context. A
+timeout, an output-cap overflow, an out-of-memory kill or a crash ends the context: the result says so and the
+next call starts a fresh one. A run's cleanup ends it too. The context is user code, so what it says (a value, an
+error) is user output: bounded, and never trusted for anything else.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from code_sandbox.channel import Channel
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.execution import (
+    HOST_GRACE_SECONDS,
+    SURVEY_TIMEOUT_SECONDS,
+    Survey,
+    cleanup_failed,
+    decode_output,
+    require_no_survivors,
+    supervised_call,
+)
+from code_sandbox.limits import OUTPUT_CAP_BYTES
+from code_sandbox.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal, ThrownError
+from code_sandbox.relay import OutputSink, Progress
+from code_sandbox.sessions import SessionManager
+
+ContextEnd = Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How one evaluation ended."""
+
+    value: str | None
+    error: ThrownError | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    context_reset: bool
+    context_ended: ContextEnd | None
+    duration_ms: int
+    output_bytes: int
+    cpu_ms: int | None
+    peak_memory_bytes: int | None
+
+
+async def evaluate_code(
+    manager: SessionManager,
+    session_id: str,
+    code: str,
+    *,
+    timeout_seconds: int | None,
+    reset: bool,
+    progress: Progress | None = None,
+    output: OutputSink | None = None,
+) -> Evaluation:
+    """Evaluate ``code`` in the session's context and prove that nothing but the paused context outlived it."""
+    settings = manager.settings
+    timeout = settings.default_timeout if timeout_seconds is None else timeout_seconds
+    if not 1 <= timeout <= settings.max_timeout:
+        raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")
+    async with manager.channel(session_id) as channel:
+        remaining = int(channel.seconds_left)
+        if remaining < 1:
+            raise SandboxError(ErrorCode.SESSION_EXPIRED, "this sandbox reached its lifetime; create a new one")
+        request = EvaluateRequest(
+            code=code,
+            timeout_ms=min(timeout, remaining) * 1000,
+            stdout_cap=OUTPUT_CAP_BYTES,
+            stderr_cap=OUTPUT_CAP_BYTES,
+            reset=reset,
+            stream=output is not None,
+        )
+        return await _evaluate(channel, request, progress, output)
+
+
+async def _evaluate(
+    channel: Channel, request: EvaluateRequest, progress: Progress | None, output: OutputSink | None
+) -> Evaluation:
+    finished = threading.Event()
+    host_timeout = request.timeout_ms / 1000 + HOST_GRACE_SECONDS
+
+    def call(on_stderr: Callable[[bytes], None] | None) -> EvaluateAnswer | Refusal:
+        try:
+            return channel.transport.evaluate(channel.target, request, timeout=host_timeout, on_stderr=on_stderr)
+        finally:
+            finished.set()
+
+    survey = Survey(channel, timeout=host_timeout + SURVEY_TIMEOUT_SECONDS)
+    try:
+        answer = await supervised_call(channel, call, progress, output, finished, what="evaluation")
+        result = await _result(channel, request, answer)
+        await require_no_survivors(channel, survey)
+        return result
+    finally:
+        survey.cancel()
+
+
+async def _result(channel: Channel, request: EvaluateRequest, answer: EvaluateAnswer | Refusal) -> Evaluation:
+    if not isinstance(answer, EvaluateAnswer):  # the context could not be started
+        raise await channel.fail_closed(
+            SandboxError(ErrorCode.SUPERVISOR_FAILED, "the evaluation could not be started; the sandbox was destroyed")
+        )
+    try:
+        stdout = decode_output(answer.stdout_b64, answer.stdout_bytes, answer.stdout_truncated)
+        stderr = decode_output(answer.stderr_b64, answer.stderr_bytes, answer.stderr_truncated)
+        lives = answer.context_pid is not None
+        # A living context answered with exactly one of a value and an error; an ended one with neither, and why.
+        if lives != (answer.context_ended is None) or lives != ((answer.value is None) != (answer.error is None)):
+            raise ProtocolViolation("evaluation")
+        if not lives and (answer.value is not None or answer.error is not None):
+            raise ProtocolViolation("evaluation")
+    except ProtocolViolation:
+        raise await channel.fail_closed(
+            SandboxError(
+                ErrorCode.SUPERVISOR_FAILED,
+                "the evaluation's supervisor answered out of protocol; the sandbox was destroyed",
+            )
+        ) from None
+    if answer.cleanup != "ok":
+        raise await channel.fail_closed(cleanup_failed())
+    ended = answer.context_ended
+    if answer.duration_ms > request.timeout_ms and ended is None:
+        ended = "timed_out"  # the context was starved across its deadline: it lives on, but the call timed out
+    return Evaluation(
+        value=answer.value,
+        error=answer.error,
+        stdout=stdout.decode("utf-8", "replace"),
+        stderr=stderr.decode("utf-8", "replace"),
+        stdout_truncated=answer.stdout_truncated,
+        stderr_truncated=answer.stderr_truncated,
+        context_reset=answer.context_reset,
+        context_ended=ended,
+        duration_ms=answer.duration_ms,
+        output_bytes=answer.stdout_bytes + answer.stderr_bytes,
+        cpu_ms=answer.cpu_ms,
+        peak_memory_bytes=answer.peak_memory_bytes,
+    )
