@@ -164,7 +164,8 @@ def _server_params(warm_pool: int, state: Path | None = None) -> StdioServerPara
 
 async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]:
     names = ["create_sandbox", "write_files 1 small", "write_files 100 x 10 KiB", "run_javascript hello", "read_file",
-             "destroy_sandbox", "execute_javascript"]  # fmt: skip
+             "evaluate_javascript first", "evaluate_javascript follow-up", "destroy_sandbox",
+             "execute_javascript"]  # fmt: skip
     samples: dict[str, list[float]] = {name: [] for name in names}
     async with stdio_client(_server_params(warm_pool)) as (read, write), ClientSession(read, write) as client:
         await client.initialize()
@@ -189,6 +190,14 @@ async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]
             if run.structured_content["stdout"] != "hello\n":
                 raise RuntimeError("run_javascript did not print hello")
             await atimed(samples["read_file"], client.call_tool("read_file", {"session_id": sid, "path": "index.js"}))
+            evaluate = {"session_id": sid, "code": "const data = [1, 2, 3]"}
+            await atimed(samples["evaluate_javascript first"], client.call_tool("evaluate_javascript", evaluate))
+            evaluate = {"session_id": sid, "code": "data.reduce((a, b) => a + b)"}
+            follow_up = await atimed(
+                samples["evaluate_javascript follow-up"], client.call_tool("evaluate_javascript", evaluate)
+            )
+            if follow_up.structured_content["value"] != "6":
+                raise RuntimeError("the follow-up evaluation did not see the first one's data")
             await atimed(samples["destroy_sandbox"], client.call_tool("destroy_sandbox", {"session_id": sid}))
             await anyio.sleep(1.0 if warm_pool else 0)
             await atimed(
@@ -299,6 +308,8 @@ def main() -> None:
         "mcp: write_files 100 x 10 KiB": (mcp_cold["write_files 100 x 10 KiB"], "stream 1 MiB"),
         "mcp: run_javascript hello": (mcp_cold["run_javascript hello"], "exec node -e 0"),
         "mcp: read_file": (mcp_cold["read_file"], "exec node -e 0"),
+        "mcp: evaluate_javascript first": (mcp_cold["evaluate_javascript first"], "exec node -e 0"),
+        "mcp: evaluate_javascript follow-up": (mcp_cold["evaluate_javascript follow-up"], "exec node -e 0"),
         "mcp: destroy_sandbox": (mcp_cold["destroy_sandbox"], "remove"),
         "mcp: execute_javascript (pool on)": (mcp_warm["execute_javascript"], "create+exec+remove"),
         "cold: spawn to first execute_javascript": (cold["spawn to first execute_javascript"], "create+exec+remove"),
@@ -310,8 +321,10 @@ def main() -> None:
     for name, stats, floor_name, ratio in rows:
         tail = f"{ratio:5.2f}x {floor_name}" if ratio is not None else "(floor)"
         report.append(f"{name:<36} {stats['p50_ms']:8.1f} {stats['p95_ms']:8.1f}  {tail}")
+    follow_up = mcp_cold["evaluate_javascript follow-up"]["p50_ms"] / mcp_cold["run_javascript hello"]["p50_ms"]
     report += [
         "",
+        f"evaluate_javascript follow-up / run_javascript hello: {follow_up:.2f}x (p50)",
         f"server start-up to initialize reply: {cold['spawn to initialize']['p50_ms']:.0f} ms (p50)",
         f"server RSS after {server['calls']:.0f} calls: {server['rss_after_calls_mib']:.1f} MiB",
     ]
@@ -327,6 +340,7 @@ def main() -> None:
         "floor": floor, "core_pool_off": core_cold, "core_pool_on": core_warm,
         "mcp_pool_off": mcp_cold, "mcp_pool_on": mcp_warm, "server": server, "cold": cold,
         "ratios": {name: ratio for name, _s, _f, ratio in rows if ratio is not None},
+        "evaluate_follow_up_to_run_hello": follow_up,
     }, indent=2))  # fmt: skip
     print(f"results written to {options.json}")
 
