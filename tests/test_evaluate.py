@@ -194,3 +194,48 @@ async def test_one_sessions_context_cannot_see_anothers(engine: DockerEngine, tm
         await evaluate_first("globalThis.secret = 'S3CR3T'; const alsoSecret = 1")
         seen = await evaluate_second("[typeof secret, typeof alsoSecret]")
         assert seen["value"] == "[ 'undefined', 'undefined' ]"
+
+
+CONTINUERS = r"""
+var { spawn } = require('child_process'), fs = require('fs'), context = process.pid;
+var idle = ['-e', 'setInterval(() => {}, 1e6)'];
+var pester = ['-e', `for (;;) { try { process.kill(${context}, 'SIGCONT') } catch {} }`];
+for (let i = 0; i < 4; i++) spawn(process.execPath, idle, { stdio: 'ignore' });
+for (let i = 0; i < 2; i++) spawn(process.execPath, pester, { stdio: 'ignore' });
+var n = n ?? 0;
+globalThis.beat ??= setInterval(() => fs.writeFileSync('/workspace/beat', String(++n)), 20);
+await new Promise((r) => setTimeout(r, 300)); 'armed'
+"""
+
+
+async def test_children_that_continue_the_context_during_cleanup_cannot_keep_it_running(
+    engine: DockerEngine, tmp_path: Path
+) -> None:
+    # Children that keep sending the context SIGCONT while the cleanup stops and kills them: whichever wins the race,
+    # the context must be stopped again once they are gone, so its heartbeat file does not change between calls.
+    async with connect(engine, tmp_path) as client:
+        session, evaluate = await _session(client)
+        for _attempt in range(4):
+            armed = await evaluate(CONTINUERS)
+            assert armed["value"] == "'armed'", armed
+            beats: list[str] = []
+            for _read in range(2):
+                await anyio.sleep(0.4)
+                read = ok(await client.call_tool("read_file", {"session_id": session, "path": "beat"}))
+                beats.append(read["content"])
+            assert beats[0] == beats[1], "the context ran while it should have been paused"
+
+
+async def test_text_that_is_not_well_formed_comes_back_replaced_and_the_sandbox_lives(
+    engine: DockerEngine, tmp_path: Path
+) -> None:
+    async with connect(engine, tmp_path) as client:
+        session, evaluate = await _session(client)
+        cut = await evaluate("throw new Error('x'.repeat(4095) + '\\u{1F600}')")  # cut inside the surrogate pair
+        assert cut["error"]["message"] == "x" * 4095 + "\ufffd"
+        lone = await evaluate("throw new Error('\\ud800')")  # a value would come escaped by util.inspect
+        assert lone["error"]["message"] == "\ufffd"
+        # Long multi-byte values arrive in several pipe chunks: none of their characters is split.
+        accented = await evaluate("Array.from({length: 5}, (_, i) => (i ? '' : 'x') + '\\u00e9'.repeat(9000))")
+        assert "\ufffd" not in accented["value"] and accented["value"].count("\u00e9") > 9000
+        ok(await client.call_tool("list_files", {"session_id": session}))

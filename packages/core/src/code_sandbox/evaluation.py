@@ -113,6 +113,8 @@ async def _result(channel: Channel, request: EvaluateRequest, answer: EvaluateAn
         stdout = decode_output(answer.stdout_b64, answer.stdout_bytes, answer.stdout_truncated)
         stderr = decode_output(answer.stderr_b64, answer.stderr_bytes, answer.stderr_truncated)
         lives = answer.context_pid is not None
+        if lives != (answer.context_started is not None):
+            raise ProtocolViolation("evaluation")
         # A living context answered with exactly one of a value and an error; an ended one with neither, and why.
         if lives != (answer.context_ended is None) or lives != ((answer.value is None) != (answer.error is None)):
             raise ProtocolViolation("evaluation")

@@ -301,8 +301,8 @@ class ChannelTransport(DockerTransport):
     def __init__(self, engine: DockerEngine, profile: Profile) -> None:
         super().__init__(engine, profile)
         self._channels: dict[Target, tuple[HeldExec, int]] = {}
-        self._contexts: dict[Target, int] = {}
-        """The pid of each channel's evaluation context while it lives, paused, between calls."""
+        self._contexts: dict[Target, str] = {}
+        """Each channel's evaluation context while it lives, paused, between calls: ``pid:start-time``."""
         self._supervisors: dict[str, HeldExec] = {}
         self._gates: dict[tuple[str, str], threading.Lock] = {}
         self._closed: OrderedDict[str, None] = OrderedDict()
@@ -437,10 +437,10 @@ class ChannelTransport(DockerTransport):
             target, "evaluate", [frame], EvaluateAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
             on_stderr=on_stderr,
         )  # fmt: skip
-        if isinstance(answer, EvaluateAnswer) and answer.context_pid is not None:
+        if isinstance(answer, EvaluateAnswer) and answer.context_pid is not None and answer.context_started is not None:
             with self._lock:
                 if target in self._channels:
-                    self._contexts[target] = answer.context_pid
+                    self._contexts[target] = f"{answer.context_pid}:{answer.context_started}"
         return answer
 
     def _forget_context(self, target: Target) -> None:

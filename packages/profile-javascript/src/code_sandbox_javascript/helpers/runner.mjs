@@ -133,6 +133,18 @@ function readOomKills() {
   return null;
 }
 
+// A process's state letter and start time (clock ticks after boot: with the pid, it names one process for good), or
+// null when it is gone.
+function procStat(pid) {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return { state: fields[0], started: Number(fields[19]) };
+  } catch {
+    return null;
+  }
+}
+
 // Live processes with our real uid, except ourselves. Zombies are already dead; init reaps them.
 function sameUidPids() {
   const uid = process.getuid();
@@ -165,6 +177,8 @@ function signalAll(signal) {
 // stopped process can neither fork nor compete for the CPU, so the count stays exact and the scan quick even
 // right after a fork storm. Then they are killed, and we wait (re-killing anything seen) until a scan is clean.
 // With `spared` (a paused evaluation context) that one process is stopped with the rest but not killed.
+// A killed process may have continued the spared one (SIGCONT) while it was being killed: once nobody else of the uid
+// is left to do that again, the spared one is stopped again and must be seen stopped; `sparedGone` says it died.
 async function killLeftovers(spared = null) {
   signalAll('SIGSTOP');
   const others = () => sameUidPids().filter((pid) => pid !== spared);
@@ -173,8 +187,18 @@ async function killLeftovers(spared = null) {
   const deadline = performance.now() + CLEANUP_GRACE_MS;
   for (;;) {
     const alive = others();
-    if (alive.length === 0) return { cleanup: 'ok', killed: seen.size };
-    if (performance.now() >= deadline) return { cleanup: 'failed', killed: seen.size };
+    if (alive.length === 0) {
+      const state = spared === null ? null : procStat(spared)?.state ?? null;
+      if (spared === null || state === 'T' || state === null || state === 'Z' || state === 'X') {
+        return { cleanup: 'ok', killed: seen.size, sparedGone: spared !== null && state !== 'T' };
+      }
+      try {
+        process.kill(spared, 'SIGSTOP'); // seen stopped at the next pass, with nobody else started meanwhile
+      } catch {
+        // gone: the next pass says so
+      }
+    }
+    if (performance.now() >= deadline) return { cleanup: 'failed', killed: seen.size, sparedGone: false };
     for (const pid of alive) {
       seen.add(pid);
       try {
@@ -385,9 +409,9 @@ function sealed() {
 // or read): after a run, any such process outlived it. A status that cannot be read counts as alive; a process that
 // vanished between listing and reading means the process table changed under us, so we look again, and a table
 // that keeps changing (something still forks and exits) counts as alive too.
-// `spared` are the pids of the session's channel (a runner of the sandbox uid that lives on between runs) and of its
-// evaluation context if one is paused between calls, which the host learned from the channel's answers; they are the
-// only processes not counted.
+// `spared` are the session's channel (a runner of the sandbox uid that lives on between runs), by pid, and its
+// evaluation context if one is paused between calls, by pid and start time, which the host learned from the channel's
+// answers; they are the only processes not counted, and the context only while it is stopped and is that process.
 const SURVEY_SCANS = 5;
 function survey(spared) {
   const own = process.getuid();
@@ -395,7 +419,13 @@ function survey(spared) {
     let alive = 0;
     let vanished = 0;
     for (const name of fs.readdirSync('/proc')) {
-      if (!/^[0-9]+$/.test(name) || Number(name) === process.pid || spared.includes(Number(name))) continue;
+      if (!/^[0-9]+$/.test(name) || Number(name) === process.pid) continue;
+      const exempt = spared.find((entry) => entry.pid === Number(name));
+      if (exempt !== undefined && exempt.started === null) continue;
+      if (exempt !== undefined) {
+        const stat = procStat(exempt.pid);
+        if (stat !== null && stat.state === 'T' && stat.started === exempt.started) continue;
+      }
       let status;
       try {
         status = fs.readFileSync(`/proc/${name}/status`, 'latin1');
@@ -413,10 +443,13 @@ function survey(spared) {
   return 1;
 }
 
-// A survey line: empty, or the pids to spare (the channel's, then its paused context's), separated by a space.
-const SPARED_LINE = /^(|[1-9][0-9]{0,9}( [1-9][0-9]{0,9})?)$/;
-const MAX_SPARED_LINE = 32;
-const sparedPids = (line) => (line === '' ? [] : line.split(' ').map(Number));
+// A survey line: empty, or what to spare: the channel's pid, then its paused context's as pid:start-time.
+const SPARED_LINE = /^(|[1-9][0-9]{0,9}( [1-9][0-9]{0,9}:[0-9]{1,15})?)$/;
+const MAX_SPARED_LINE = 48;
+const sparedPids = (line) => (line === '' ? [] : line.split(' ').map((item) => {
+  const [pid, started] = item.split(':');
+  return { pid: Number(pid), started: started === undefined ? null : Number(started) };
+}));
 
 // Waits for one line on stdin, which releases the survey. Returns {spared}, or null when stdin ends first (the
 // survey is not wanted) or the line is malformed.
@@ -482,12 +515,8 @@ function validEvaluation(req) {
 
 // Whether a process is alive: not gone and not a zombie that node has yet to reap.
 function isAlive(pid) {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
-    return !['Z', 'X'].includes(stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3));
-  } catch {
-    return false;
-  }
+  const state = procStat(pid)?.state;
+  return state !== undefined && state !== 'Z' && state !== 'X';
 }
 
 async function startContext() {
@@ -552,11 +581,14 @@ function contextAnswer(line, nonce) {
   const isObject = answer !== null && typeof answer === 'object' && !Array.isArray(answer);
   if (!isObject || Object.keys(answer).length !== 3 || answer.nonce !== nonce) return null;
   const { value, error } = answer;
-  if (value !== null && error === null && isText(value, VALUE_MAX + 1)) return { value, error: null };
+  // Lone surrogates (a string cut mid-pair, or made so) become U+FFFD: the host accepts only well-formed text.
+  if (value !== null && error === null && isText(value, VALUE_MAX + 1)) return { value: value.toWellFormed(), error: null };
   const errorOk = error !== null && typeof error === 'object' && !Array.isArray(error) &&
     Object.keys(error).length === 3 && isText(error.name, NAME_MAX) && isText(error.message, MESSAGE_MAX) &&
     isText(error.stack, STACK_MAX);
-  return value === null && errorOk ? { value: null, error: { name: error.name, message: error.message, stack: error.stack } } : null;
+  if (value !== null || !errorOk) return null;
+  const { name, message, stack } = error;
+  return { value: null, error: { name: name.toWellFormed(), message: message.toWellFormed(), stack: stack.toWellFormed() } };
 }
 
 async function evaluate(req) {
@@ -597,13 +629,25 @@ async function evaluate(req) {
   const errMark = markedStream(marker, err.feed);
   ctx.on.stdout = outMark.feed;
   ctx.on.stderr = errMark.feed;
-  let text = '';
+  // The first line on fd 3, decoded once it is whole; what follows it is ignored.
+  const pieces = [];
+  let held = 0;
   const line = new Promise((resolve) => {
     ctx.on.answer = (chunk) => {
-      text += chunk.toString('utf8');
-      const end = text.indexOf('\n');
-      if (end !== -1) resolve(text.slice(0, end));
-      else if (text.length > CONTEXT_LINE_MAX) kill('crashed');
+      const end = chunk.indexOf(0x0a);
+      pieces.push(end === -1 ? chunk : chunk.subarray(0, end));
+      held += end === -1 ? chunk.length : end;
+      if (held > CONTEXT_LINE_MAX) {
+        ctx.on.answer = null;
+        kill('crashed');
+      } else if (end !== -1) {
+        ctx.on.answer = null;
+        try {
+          resolve(new TextDecoder('utf-8', { fatal: true }).decode(Buffer.concat(pieces)));
+        } catch {
+          resolve('');
+        }
+      }
     };
   });
   const timer = setTimeout(() => kill('timed_out'), req.timeout_ms);
@@ -633,15 +677,24 @@ async function evaluate(req) {
   for (const name of ['stdout', 'stderr', 'answer']) ctx.on[name] = null;
   // Everything else that the code started is killed; a living context is paused until the next call.
   const leftovers = await killLeftovers(alive ? ctx.pid : null);
+  const started = alive && !leftovers.sparedGone ? procStat(ctx.pid)?.started ?? null : null;
+  const lives = started !== null && leftovers.cleanup === 'ok';
+  if (!lives && alive) {
+    ended = 'crashed'; // it died, or could not be seen stopped, after it answered
+    kill('crashed');
+    await Promise.race([ctx.exited, sleep(CLEANUP_GRACE_MS)]);
+    if (context === ctx) context = null;
+  }
   const usage = metered.usage();
-  const oomKilled = !alive && ended === 'crashed' && metered.oomKilled() === true;
+  const oomKilled = !lives && ended === 'crashed' && metered.oomKilled() === true;
   return {
     ...supervised(out, err, durationMs, leftovers, usage),
-    value: alive ? answer.value : null,
-    error: alive ? answer.error : null,
+    value: lives ? answer.value : null,
+    error: lives ? answer.error : null,
     context_reset: reset,
-    context_pid: alive ? ctx.pid : null,
-    context_ended: alive ? null : (oomKilled ? 'oom_killed' : ended),
+    context_pid: lives ? ctx.pid : null,
+    context_started: lives ? started : null,
+    context_ended: lives ? null : (oomKilled ? 'oom_killed' : ended),
   };
 }
 
