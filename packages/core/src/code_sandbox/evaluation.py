@@ -97,14 +97,16 @@ async def _evaluate(
     survey = Survey(channel, timeout=host_timeout + SURVEY_TIMEOUT_SECONDS)
     try:
         answer = await supervised_call(channel, call, progress, output, finished, what="evaluation")
-        result = await _result(channel, request, answer)
+        result = await _result(channel, answer)
         await require_no_survivors(channel, survey)
         return result
     finally:
         survey.cancel()
 
 
-async def _result(channel: Channel, request: EvaluateRequest, answer: EvaluateAnswer | Refusal) -> Evaluation:
+async def _result(channel: Channel, answer: EvaluateAnswer | Refusal) -> Evaluation:
+    """The answer, checked. The context's own clock decides a timeout: an answer that came late still holds the
+    value the code computed, in a context that lives on."""
     if not isinstance(answer, EvaluateAnswer):  # the context could not be started
         raise await channel.fail_closed(
             SandboxError(ErrorCode.SUPERVISOR_FAILED, "the evaluation could not be started; the sandbox was destroyed")
@@ -129,9 +131,6 @@ async def _result(channel: Channel, request: EvaluateRequest, answer: EvaluateAn
         ) from None
     if answer.cleanup != "ok":
         raise await channel.fail_closed(cleanup_failed())
-    ended = answer.context_ended
-    if answer.duration_ms > request.timeout_ms and ended is None:
-        ended = "timed_out"  # the context was starved across its deadline: it lives on, but the call timed out
     return Evaluation(
         value=answer.value,
         error=answer.error,
@@ -140,7 +139,7 @@ async def _result(channel: Channel, request: EvaluateRequest, answer: EvaluateAn
         stdout_truncated=answer.stdout_truncated,
         stderr_truncated=answer.stderr_truncated,
         context_reset=answer.context_reset,
-        context_ended=ended,
+        context_ended=answer.context_ended,
         duration_ms=answer.duration_ms,
         output_bytes=answer.stdout_bytes + answer.stderr_bytes,
         cpu_ms=answer.cpu_ms,
