@@ -21,10 +21,10 @@ import anyio
 import pytest
 from code_sandbox.engine import DockerEngine, ExecResult, HeldExec
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import RunResult, run_program
+from code_sandbox.execution import SURVEY_RETRY_PAUSES, RunResult, run_program
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.profile import Profile
-from code_sandbox.protocol import Refusal, RunAnswer, RunRequest
+from code_sandbox.protocol import Refusal, RunAnswer, RunRequest, SurveyAnswer
 from code_sandbox.relay import LAST_LINE_CHARS, LastLine
 from code_sandbox.transport import CLOSED_KEPT, ChannelTransport, HelperCrash, StderrSink, Target
 from code_sandbox.workspace import (
@@ -237,8 +237,23 @@ async def test_a_survey_that_does_not_prove_zero_survivors_destroys_the_sandbox(
         await run(sandboxes)
     assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED
     assert sandboxes.destroyed == [ErrorCode.PROCESS_CLEANUP_FAILED]
-    # A survey that could not answer is retried once before the verdict.
-    assert sandboxes.transport.calls.count("survey") == (2 if survivors is None else 1)
+    # A survey that could not answer is asked again (after pauses) before the verdict; a survivor counts at once.
+    assert sandboxes.transport.calls.count("survey") == (1 + len(SURVEY_RETRY_PAUSES) if survivors is None else 1)
+
+
+async def test_a_survey_that_answers_zero_on_a_later_attempt_lets_the_sandbox_live(
+    sandboxes: MemorySandboxes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answers: list[int | None] = [None, None, 0]
+    survey = sandboxes.transport.survey
+
+    def recovering(target: Target, release: Callable[[], bool], *, timeout: float) -> SurveyAnswer | Refusal:
+        sandboxes.transport.survivors = answers.pop(0)
+        return survey(target, release, timeout=timeout)
+
+    monkeypatch.setattr(sandboxes.transport, "survey", recovering)
+    await run(sandboxes)
+    assert sandboxes.destroyed == [] and answers == []
 
 
 async def list_root(sandboxes: MemorySandboxes) -> object:

@@ -54,6 +54,8 @@ CANCEL_TIMEOUT_SECONDS = 5.0
 CANCEL_KILL_ATTEMPTS = 3
 CANCEL_WAIT_SECONDS = 0.5
 SURVEY_TIMEOUT_SECONDS = 10.0
+SURVEY_RETRY_PAUSES = (0.0, 0.25, 1.0)
+"""Before each new survey after one that could not answer: the first at once, as the run is over already."""
 TerminationReason = Literal["exited", "signaled", "timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed"]
 
 
@@ -367,15 +369,21 @@ class Survey:
 async def require_no_survivors(channel: Channel, survey: Survey) -> None:
     """Destroy the sandbox (``PROCESS_CLEANUP_FAILED``) unless a survey proves that nothing outlived the run.
 
-    Shielded: a cancellation must skip neither the proof nor the destroy. A survey that could not answer (one
-    started beside a program that filled its pid limit cannot start) is retried once, now that the run is over.
+    Shielded: a cancellation must skip neither the proof nor the destroy. A survey that could not answer is asked
+    again after a pause (:data:`SURVEY_RETRY_PAUSES`): one started beside a program that filled its pid limit, or
+    its memory limit while the kernel still frees it, cannot start. Only a count of zero passes; any other count
+    destroys the sandbox at once.
     """
     with anyio.CancelScope(shield=True):
         alive = await survey.count()
-        if alive is None:
+        for pause in SURVEY_RETRY_PAUSES:
+            if alive is not None:
+                break
+            await anyio.sleep(pause)
             alive = await Survey(channel, timeout=SURVEY_TIMEOUT_SECONDS).count()
         if alive != 0:
-            logger.warning("sandbox %s: processes outlived their run, or the survey failed", channel.name)
+            what = "the survey could not answer" if alive is None else f"{alive} process(es) outlived their run"
+            logger.warning("sandbox %s: %s", channel.name, what)
             raise await channel.fail_closed(cleanup_failed())
 
 
