@@ -354,12 +354,10 @@ class _TreeCheck:
             self.odd.append(entry.path)
         return True
 
-    def _parents(self) -> set[str]:
-        """The directories the files need (the root is ""): any other one was added to the tree."""
-        return {
-            "",
-            *(str(parent) for path, _ in self.files for parent in PurePosixPath(path).parents if str(parent) != "."),
-        }
+    def _unneeded(self) -> list[str]:
+        """Entries no vendored file accounts for: odd ones, and directories that no file needs (added to the tree)."""
+        needed = {"", *(str(parent) for path, _ in self.files for parent in PurePosixPath(path).parents)} - {"."}
+        return [*self.odd, *(f"{self.root}/{path}" for path in self.directories - needed)]
 
     def report(self, image: ImageFacts, report: VerifyReport) -> None:
         packages = packages_of(image.labels)
@@ -369,9 +367,8 @@ class _TreeCheck:
             report.add("package set", not self.found, "none" if not self.found else "a package tree with no labels")
         elif self.root is None:
             report.add("package set", False, "labelled with packages, but the profile vendors none")
-        elif self.odd or self.directories - self._parents():
-            odd = [*self.odd, *(f"{self.root}/{path}" for path in self.directories - self._parents())]
-            report.add("package set", False, "not a read-only file of the set: " + ", ".join(sorted(odd)[:5]))
+        elif unneeded := self._unneeded():
+            report.add("package set", False, "not a read-only file of the set: " + ", ".join(sorted(unneeded)[:5]))
         elif set_digest(packages, self.files) != image.labels[PACKAGES_DIGEST_LABEL]:
             report.add("package set", False, f"the tree under {self.root} differs from its digest")
         else:

@@ -229,26 +229,20 @@ class SandboxServer(Server[None]):
                     _annotations(read_only=True, destructive=False, idempotent=True), self._read),
             ToolDef("delete_files", tool_text.DELETE_FILES.format(**words), DeleteFilesInput, DeleteFilesOutput,
                     _annotations(read_only=False, destructive=True, idempotent=True), self._delete),
-            ToolDef(info.run_tool_name, tool_text.run_tool_description(settings, profile), run_model, RunOutput,
-                    mutating, self._run),
+            ToolDef(info.run_tool_name, "", run_model, RunOutput, mutating, self._run),
             ToolDef("destroy_sandbox", tool_text.DESTROY_SANDBOX.format(**words), SessionInput, DestroyOutput,
                     _annotations(read_only=False, destructive=True, idempotent=True), self._destroy),
-            ToolDef(self.execute_tool_name, tool_text.EXECUTE.format(**words), execute_model, RunOutput,
-                    mutating, self._execute),
+            ToolDef(self.execute_tool_name, "", execute_model, RunOutput, mutating, self._execute),
         ]  # fmt: skip
         if info.evaluate_tool_name is not None:
             evaluate_model = evaluate_input_model(
                 default_timeout=settings.default_timeout, max_timeout=settings.max_timeout
             )
-            evaluate_text = tool_text.evaluate_tool_description(settings, profile)
-            tools.append(
-                ToolDef(
-                    info.evaluate_tool_name, evaluate_text, evaluate_model, EvaluateOutput, mutating, self._evaluate
-                )
-            )
+            tools.append(ToolDef(info.evaluate_tool_name, "", evaluate_model, EvaluateOutput, mutating, self._evaluate))
         self.tool_defs = {tool.name: tool for tool in tools}
         self._described: tuple[str, ...] = ()
         """The package list the run tools' descriptions name now."""
+        self._name_packages(())
 
     # -- protocol -----------------------------------------------------------------------------------------------
 
@@ -268,17 +262,20 @@ class SandboxServer(Server[None]):
             packages = await self.manager.image_packages()
         except SandboxError:
             packages = ()
-        if packages == self._described:
-            return
-        run_name, execute_name = self.profile.info.run_tool_name, self.execute_tool_name
-        run_text = tool_text.run_tool_description(self.settings, self.profile, packages)
-        execute_text = tool_text.EXECUTE.format(**tool_text.package_words(self.settings, self.profile, packages))
-        self.tool_defs[run_name] = replace(self.tool_defs[run_name], description=run_text)
-        self.tool_defs[execute_name] = replace(self.tool_defs[execute_name], description=execute_text)
-        evaluate_name = self.profile.info.evaluate_tool_name
-        if evaluate_name is not None:
-            evaluate_text = tool_text.evaluate_tool_description(self.settings, self.profile, packages)
-            self.tool_defs[evaluate_name] = replace(self.tool_defs[evaluate_name], description=evaluate_text)
+        if packages != self._described:
+            self._name_packages(packages)
+
+    def _name_packages(self, packages: tuple[str, ...]) -> None:
+        """Write the descriptions that name the packages (run, execute, evaluate) for ``packages``."""
+        settings, profile, info = self.settings, self.profile, self.profile.info
+        texts = {
+            info.run_tool_name: tool_text.run_tool_description(settings, profile, packages),
+            self.execute_tool_name: tool_text.EXECUTE.format(**tool_text.package_words(settings, profile, packages)),
+        }
+        if info.evaluate_tool_name is not None:
+            texts[info.evaluate_tool_name] = tool_text.evaluate_tool_description(settings, profile, packages)
+        for name, text in texts.items():
+            self.tool_defs[name] = replace(self.tool_defs[name], description=text)
         self._described = packages
 
     async def _call_tool(self, ctx: Context, params: CallToolRequestParams) -> CallToolResult:
