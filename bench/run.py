@@ -32,7 +32,7 @@ from code_sandbox.execution import run_entrypoint, verify_cleanup
 from code_sandbox.hardening import ENVIRONMENT, LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, user_of
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.sessions import SessionManager
-from code_sandbox.settings import Settings
+from code_sandbox.settings import Settings, load_settings
 from code_sandbox.workspace import write_files
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -68,7 +68,7 @@ def summary(samples: list[float]) -> dict[str, float]:
 # -- the raw floor -----------------------------------------------------------------------------------------------
 
 
-def raw_floor(iterations: int, image_id: str, watchdog: list[str]) -> dict[str, list[float]]:
+def raw_floor(iterations: int, image_id: str, watchdog: list[str], runtime: str) -> dict[str, list[float]]:
     api = docker.from_env().api
     samples: dict[str, list[float]] = {
         "create+start": [], "exec node -e 0": [], "remove": [], "stream 1 MiB": [], "create+exec+remove": []
@@ -76,21 +76,21 @@ def raw_floor(iterations: int, image_id: str, watchdog: list[str]) -> dict[str, 
     labels = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(time.time()) + 600)}
     request = ContainerRequest(image_id=image_id, command=watchdog, labels=labels, apparmor=False)
     for _ in range(iterations):
-        container_id = timed(samples["create+start"])(lambda: _raw_create_and_start(api, request))
+        container_id = timed(samples["create+start"])(lambda: _raw_create_and_start(api, request, runtime))
         timed(samples["exec node -e 0"])(lambda: _raw_exec_node(api, container_id))  # noqa: B023
         timed(samples["stream 1 MiB"])(lambda: _raw_stream(api, container_id))  # noqa: B023
         timed(samples["remove"])(lambda: api.remove_container(container_id, force=True))  # noqa: B023
         # What a one-shot is made of by hand: a container, one exec, removal, one after another.
         started = time.perf_counter()
-        container_id = _raw_create_and_start(api, request)
+        container_id = _raw_create_and_start(api, request, runtime)
         _raw_exec_node(api, container_id)
         api.remove_container(container_id, force=True)
         samples["create+exec+remove"].append(time.perf_counter() - started)
     return samples
 
 
-def _raw_create_and_start(api: Any, request: ContainerRequest) -> str:
-    create_kwargs, host_kwargs = build_create_arguments(request, start=True)
+def _raw_create_and_start(api: Any, request: ContainerRequest, runtime: str) -> str:
+    create_kwargs, host_kwargs = build_create_arguments(request, start=True, runtime=runtime)
     container = api.create_container(**create_kwargs, host_config=api.create_host_config(**host_kwargs))
     api.start(container["Id"])
     return str(container["Id"])
@@ -130,8 +130,9 @@ def _raw_stream(api: Any, container_id: str) -> None:
 
 
 async def core_api(iterations: int, warm_pool: int) -> dict[str, list[float]]:
-    settings = Settings(max_sessions=3, warm_pool=warm_pool)
-    manager = SessionManager(DockerEngine(), select_profile(create_plugin_manager(), None), settings)
+    settings = Settings(max_sessions=3, warm_pool=warm_pool, runtime=load_settings().runtime)
+    profile = select_profile(create_plugin_manager(), None)
+    manager = SessionManager(DockerEngine.for_settings(settings), profile, settings)
     samples: dict[str, list[float]] = {"create": [], "run hello": [], "cleanup survey": [], "destroy": []}
     try:
         async with anyio.create_task_group() as group:
@@ -272,18 +273,30 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None, help="iterations per figure (default 30)")
     parser.add_argument("--json", type=Path, default=RESULTS / "latest.json", help="where to write the results")
     parser.add_argument("--readme", action="store_true", help="put the table into README.md (its Performance part)")
+    parser.add_argument(
+        "--runtime",
+        default=None,
+        help="the engine's container runtime for every figure, floor included (runsc: gVisor)",
+    )
     options = parser.parse_args()
+    if options.runtime is not None:  # the servers this starts read it too
+        os.environ["CODE_SANDBOX_RUNTIME"] = options.runtime
     iterations = options.iterations or (8 if options.quick else 30)
 
     profile = select_profile(create_plugin_manager(), None)
-    engine = DockerEngine()
+    engine = DockerEngine.for_settings(load_settings())
+    runtime = engine.runtime_in_force()
     image = engine.image_facts(profile.image_spec().tag)
     if image is None:
         sys.exit("build the image first: uv run code-sandbox build-image --offline")
     watchdog = [*profile.helper_argv("watchdog"), "600"]
 
-    print(f"code-sandbox benchmark: {iterations} iterations, {platform.machine()}, {os.cpu_count()} CPUs", flush=True)
-    floor = {k: summary(v) for k, v in raw_floor(iterations, image.id, watchdog).items()}
+    print(
+        f"code-sandbox benchmark: {iterations} iterations, {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"runtime {runtime}",
+        flush=True,
+    )
+    floor = {k: summary(v) for k, v in raw_floor(iterations, image.id, watchdog, runtime).items()}
     core_cold = {k: summary(v) for k, v in anyio.run(core_api, iterations, 0).items()}
     core_warm = {k: summary(v) for k, v in anyio.run(core_api, iterations, 1).items()}
     mcp_cold = {k: summary(v) for k, v in anyio.run(mcp_surface, iterations, 0).items()}
@@ -336,7 +349,7 @@ def main() -> None:
     options.json.write_text(json.dumps({
         "machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                     "docker": engine.api().version().get("Version")},
-        "iterations": iterations,
+        "iterations": iterations, "runtime": runtime,
         "floor": floor, "core_pool_off": core_cold, "core_pool_on": core_warm,
         "mcp_pool_off": mcp_cold, "mcp_pool_on": mcp_warm, "server": server, "cold": cold,
         "ratios": {name: ratio for name, _s, _f, ratio in rows if ratio is not None},

@@ -106,6 +106,7 @@ async def test_container_settings_match_the_hardening_snapshot(
         "UTSMode": "",
         "UsernsMode": "",
         "CgroupnsMode": "private",
+        "Runtime": "runc",  # the engine's default runtime: CODE_SANDBOX_RUNTIME is unset
     }
     for key, value in expected_host.items():
         assert host.get(key) == value, key
@@ -126,6 +127,7 @@ async def test_container_settings_match_the_hardening_snapshot(
     assert labels["io.code-sandbox.managed"] == "true"
     assert labels["io.code-sandbox.profile"] == "javascript-offline"
     assert labels["io.code-sandbox.owner"] == manager.owner
+    assert labels["io.code-sandbox.runtime"] == "runc"
     # the lifetime, the watchdog grace and a margin of one engine timeout (the start may lag the label)
     assert abs(int(labels[LABEL_EXPIRES_AT]) - (time.time() + 62 + engine.timeout)) < 5
     assert session.container_id not in session.id and len(session.id) >= 43

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import code_sandbox_python.profile
 import pytest
@@ -14,10 +14,18 @@ from code_sandbox.settings import Settings
 
 from tests.conformance.programs import PROGRAMS, Programs
 from tests.conftest import ready_image
+from tests.support.run import worker_tag
+from tests.support.runtimes import TEST_RUNTIMES, runtime_engine
 
 # The installed plugins (javascript-offline) and the example python-offline profile, registered from its source
 # tree as its entry point would register it: it is not installed, so that the product keeps one profile.
 REPOSITORY_PROFILES = installed_profiles(create_plugin_manager(plugins=[code_sandbox_python.profile]))
+
+
+@pytest.fixture(scope="session", params=TEST_RUNTIMES)
+def engine(request: pytest.FixtureRequest) -> Iterator[DockerEngine]:
+    """Every profile's promises hold under each container runtime: the host's kernel (runc) and gVisor's (runsc)."""
+    yield from runtime_engine(request.param, worker_tag())
 
 
 @pytest.fixture(scope="session", params=sorted(REPOSITORY_PROFILES))

@@ -10,12 +10,14 @@ its idle processes, so no probe leaves anything behind for the next one.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import anyio
 import anyio.to_thread
@@ -23,17 +25,25 @@ import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from code_sandbox.engine import DockerEngine
 from code_sandbox.execution import RunResult, run_entrypoint
-from code_sandbox.hardening import LABEL_TAG
+from code_sandbox.hardening import LABEL_TAG, PROBE_UID, user_of
 from code_sandbox.profile import Profile
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import read_file, write_files
 
 from tests.support.run import remove_tagged, worker_tag
+from tests.support.runtimes import TEST_RUNTIMES, runtime_engine
 
 BYSTANDER_FILE = ("keep/safe.txt", "the bystander's data: é😀\n")
 SHARED_TAG = worker_tag("shared")
-"""The shared sandbox's own tag: ``cleanup_managed`` removes only the worker's tag, so it never removes this one."""
+"""The shared sandboxes' own tag (one sandbox per runtime, the runtime's name appended): ``cleanup_managed`` removes
+only the worker's tag, so it never removes these."""
+
+
+@pytest.fixture(scope="session", params=TEST_RUNTIMES)
+def engine(request: pytest.FixtureRequest) -> Iterator[DockerEngine]:
+    """Every attack runs under each container runtime: the host's kernel (runc) and gVisor's (runsc)."""
+    yield from runtime_engine(request.param, worker_tag())
 
 
 def sandbox_processes(container_id: str, uid: int) -> dict[str, int]:
@@ -54,22 +64,53 @@ def sandbox_processes(container_id: str, uid: int) -> dict[str, int]:
     return states
 
 
+# Under gVisor the sandbox's processes live in its own kernel, not the host's: they are counted from inside, by a
+# probe of a uid outside every sandbox's range (the probe itself is left out).
+_GVISOR_SURVEY = r"""
+const fs = require('fs');
+const states = {};
+for (const pid of fs.readdirSync('/proc')) {
+  if (!/^[0-9]+$/.test(pid) || Number(pid) === process.pid) continue;
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
+    const key = `${stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')'))}:${stat.slice(stat.lastIndexOf(')') + 2)[0]}`;
+    states[key] = (states[key] ?? 0) + 1;
+  } catch {}
+}
+console.log(JSON.stringify(states));
+"""
+
+
+def gvisor_processes(engine: DockerEngine, container_id: str) -> dict[str, int]:
+    """The processes of a gVisor sandbox, as its own kernel lists them, by command name and state."""
+    argv = ["/usr/local/bin/node", "-e", _GVISOR_SURVEY]
+    result = engine.exec(container_id, argv, user=user_of(PROBE_UID), timeout=30, max_stdout=65536)
+    assert result.exit_code == 0, result.stderr
+    return cast(dict[str, int], json.loads(result.stdout))
+
+
+def _processes(engine: DockerEngine, session: Session) -> dict[str, int]:
+    if engine.runtime_in_force().user_space_kernel:
+        return gvisor_processes(engine, session.container_id)
+    return sandbox_processes(session.container_id, session.uid)
+
+
 def _between_runs(states: dict[str, int]) -> bool:
     """All a sandbox holds between runs: docker-init, the watchdog, and the session's two channels (a runner as the
     sandbox uid, one as the supervisor), all sleeping, or nothing at all."""
     return sum(states.values()) <= 4 and all(key.endswith((":S", ":I")) for key in states)
 
 
-async def assert_nothing_outlives_the_run(session: Session) -> None:
+async def assert_nothing_outlives_the_run(engine: DockerEngine, session: Session) -> None:
     """The sandbox is back to what it holds between runs, inside its container and anywhere else on the host."""
     # Killed processes of a sandbox under memory pressure can take a while to finish exiting on a loaded
     # two-core machine, hence the generous bound. The verdict is the last sample the loop saw, not a fresh one:
     # docker-init and the watchdog wake up now and then, and a sample taken just then shows one of them running.
-    states = sandbox_processes(session.container_id, session.uid)
+    states = await anyio.to_thread.run_sync(_processes, engine, session)
     with anyio.move_on_after(60):
         while not _between_runs(states):
             await anyio.sleep(0.2)
-            states = sandbox_processes(session.container_id, session.uid)
+            states = await anyio.to_thread.run_sync(_processes, engine, session)
     assert _between_runs(states), states
 
 
@@ -107,7 +148,7 @@ class Arena:
         result = await run_entrypoint(self.manager, self.bystander.id, "probe.js", [], timeout_seconds=10)
         assert (result.exit_code, result.stdout) == (0, "42\n")
         for session in (self.victim, self.bystander):
-            await assert_nothing_outlives_the_run(session)
+            await assert_nothing_outlives_the_run(self.manager.engine, session)
 
 
 @pytest.fixture
@@ -143,7 +184,7 @@ class SharedSandbox:
     async def probe(self, source: str, *, timeout: int = 10) -> RunResult:  # noqa: ASYNC109
         """Run a probe that only reads; afterwards the sandbox holds nothing of it."""
         result = await anyio.to_thread.run_sync(self.portal.call, partial(self._run, source, timeout))
-        await assert_nothing_outlives_the_run(self.session)
+        await assert_nothing_outlives_the_run(self.manager.engine, self.session)
         return result
 
     async def _run(self, source: str, timeout: int) -> RunResult:  # noqa: ASYNC109 - runs in the portal's loop
@@ -155,10 +196,12 @@ class SharedSandbox:
 
 
 @pytest.fixture(scope="session")
-def shared(profile: Profile, image_id: str) -> Iterator[SharedSandbox]:
-    """The worker's shared sandbox, on its own engine and tag; removed at the end of the worker's session."""
+def shared(engine: DockerEngine, profile: Profile, image_id: str) -> Iterator[SharedSandbox]:
+    """The worker's shared sandbox, on its own engine and tag (and the runtime under test); removed at the end of the
+    worker's session."""
     del image_id
-    engine = DockerEngine(labels={LABEL_TAG: SHARED_TAG})
+    tag = f"{SHARED_TAG}-{engine.runtime}"
+    engine = DockerEngine(labels={LABEL_TAG: tag}, runtime=engine.runtime)
     # Long enough to outlive the worker's session, so the sandbox never expires between two probes; room for a
     # replacement while a broken one is still being removed.
     settings = Settings(max_sessions=2, default_timeout=10, max_timeout=60, max_lifetime=3600, idle_timeout=1800)
@@ -170,6 +213,6 @@ def shared(profile: Profile, image_id: str) -> Iterator[SharedSandbox]:
             finally:
                 portal.call(manager.shutdown)
     finally:
-        left = remove_tagged(engine, SHARED_TAG)
+        left = remove_tagged(engine, tag)
         engine.close()
     assert left == 0, f"{left} container(s) of the shared sandbox outlived its shutdown"

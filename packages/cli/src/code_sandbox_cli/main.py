@@ -24,7 +24,7 @@ from code_sandbox.limits import WORDS
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
-from code_sandbox.settings import TAG_RULE, Settings, is_valid_tag, load_settings
+from code_sandbox.settings import TAG_RULE, Settings, SettingsError, is_valid_tag, load_settings
 
 app = typer.Typer(
     name="code-sandbox",
@@ -64,6 +64,24 @@ def _settings() -> Settings:
         fail(error, status=2)
 
 
+def _check_runtime(settings: Settings) -> None:
+    """A runtime the engine has not registered stops the command at once (exit 2), not at its first sandbox. An
+    engine that does not answer is not checked here: every call then says so."""
+    if settings.runtime is None:
+        return
+    from code_sandbox.engine import DockerEngine
+
+    engine = DockerEngine.for_settings(settings)
+    try:
+        engine.runtime_in_force()
+    except SettingsError as error:
+        fail(error, status=2)
+    except SandboxError:
+        pass
+    finally:
+        engine.close()
+
+
 def _profile(settings: Settings) -> Profile:
     try:
         return select_profile(create_plugin_manager(), settings.profile)
@@ -84,6 +102,7 @@ def serve(
     """Start the stdio MCP server (for an MCP client to launch; stdout carries only JSON-RPC)."""
     settings = _settings()
     profile = _profile(settings)
+    _check_runtime(settings)
     _configure_logging(verbose)
     from code_sandbox.stdio import run_stdio_server
 
@@ -120,6 +139,7 @@ def run_command(
     """
     settings = _settings()
     profile = _profile(settings)
+    _check_runtime(settings)
     _configure_logging(verbose=False)
     try:
         status = anyio.run(_run_local, settings, profile, path, entrypoint, arguments or [], timeout)
@@ -140,7 +160,7 @@ async def _run_local(
     from code_sandbox.local_run import run_local
     from code_sandbox.sessions import SessionManager
 
-    engine = DockerEngine(labels=settings.container_labels())
+    engine = DockerEngine.for_settings(settings)
     marker = ServerMarker.acquire(default_state_dir())
     manager = SessionManager(engine, profile, replace(settings, warm_pool=0), owner=marker.owner)
     printed = {"stdout": 0, "stderr": 0}
@@ -188,10 +208,9 @@ def doctor() -> None:
     except SandboxError:
         profile = None
     try:
-        labels = load_settings().container_labels()
+        engine = DockerEngine.for_settings(load_settings())
     except SandboxError:
-        labels = {}  # the settings finding reports it
-    engine = DockerEngine(labels=labels)
+        engine = DockerEngine()  # the settings finding reports it
     try:
         findings = run_doctor(engine, profile)
     finally:
@@ -266,11 +285,12 @@ def build_image(
     if tarballs is not None and packages is None:
         typer.echo("code-sandbox: --tarballs needs --packages", err=True)
         raise typer.Exit(2)
+    _check_runtime(settings)
 
     def progress(text: str) -> None:
         typer.echo(f"  {text}", err=True)
 
-    engine = DockerEngine(labels=settings.container_labels())
+    engine = DockerEngine.for_settings(settings)
     try:
         vendored = None if packages is None else profile.package_set(packages, sources=tarballs, progress=progress)
         image_id = build_offline_image(engine, profile, runtime=runtime, progress=progress, packages=vendored)
@@ -291,7 +311,8 @@ def verify_image_command() -> None:
 
     settings = _settings()
     profile = _profile(settings)
-    engine = DockerEngine(labels=settings.container_labels())
+    _check_runtime(settings)
+    engine = DockerEngine.for_settings(settings)
     try:
         report = verify_image(engine, profile)
     except SandboxError as error:
@@ -334,7 +355,7 @@ def reap(
         typer.echo("code-sandbox: --all removes live sandboxes too (fix: add --yes to confirm)", err=True)
         raise typer.Exit(2)
     state_dir = default_state_dir()
-    engine = DockerEngine(labels=settings.container_labels())
+    engine = DockerEngine.for_settings(settings)
     try:
         verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime, state_dir=state_dir, tag=tag)
         actions = apply_verdicts(engine, verdicts, state_dir=state_dir, tag=tag, everything=all_, dry_run=dry_run)

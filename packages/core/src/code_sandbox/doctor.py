@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from code_sandbox.audit import UnsafeAuditFileError, default_audit_path, open_audit_file
 from code_sandbox.engine import DockerEngine
@@ -35,12 +37,14 @@ def run_doctor(engine: DockerEngine, profile: Profile | None, environ: dict[str,
     findings: list[Finding] = []
     settings = _check_settings(findings, environ)
     docker_ok = _check_docker(findings, engine)
-    if docker_ok and profile is not None:
+    runtime_ok = docker_ok and _check_runtime(findings, engine)
+    if runtime_ok and profile is not None:
         _check_hardening(findings, engine, profile)
         _check_image(findings, engine, profile)
     elif profile is not None:
+        reason = "the runtime asked for is missing" if docker_ok else "Docker is not reachable"
         for name in ("hardening enforced", "image"):
-            findings.append(Finding(name, False, "not checked: Docker is not reachable", "fix Docker first"))
+            findings.append(Finding(name, False, f"not checked: {reason}", "fix the row above first"))
     _check_audit_log(findings, settings)
     return findings
 
@@ -80,6 +84,40 @@ def _check_docker(findings: list[Finding], engine: DockerEngine) -> bool:
     return True
 
 
+GVISOR_REGISTRATION = (
+    'add {"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}} to '
+    "/etc/docker/daemon.json, reload the engine (`sudo kill -HUP $(pidof dockerd)`), "
+    "then set CODE_SANDBOX_RUNTIME=runsc"
+)
+"""How to register gVisor with a local Docker engine; without ``--network=none`` runsc may refuse to start a
+container that has no network namespace of its own to configure."""
+
+
+def _check_runtime(findings: list[Finding], engine: DockerEngine, *, runsc: str | None = None) -> bool:
+    try:
+        runtime = engine.runtime_in_force()
+    except SandboxError as error:
+        findings.append(
+            Finding("runtime", False, error.message, "set CODE_SANDBOX_RUNTIME to one of those, or unset it")
+        )
+        return False
+    if runtime.user_space_kernel:
+        findings.append(
+            Finding("runtime", True, f"{runtime.name}: gVisor, a user-space kernel between sandboxes and the host's")
+        )
+        return True
+    detail = f"{runtime.name}: sandboxes share the host's kernel"
+    installed = runsc if runsc is not None else shutil.which("runsc")
+    registered = any(PurePosixPath(path).name == "runsc" for path in engine.daemon_facts().runtimes.values())
+    if installed and not registered and engine.is_local():
+        findings.append(
+            Finding("runtime", True, detail + "; gVisor's runsc is installed but not registered", GVISOR_REGISTRATION)
+        )
+    else:
+        findings.append(Finding("runtime", True, detail))
+    return True
+
+
 def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Profile) -> None:
     image = engine.image_facts(profile.image_spec().tag)
     if image is None:
@@ -113,16 +151,21 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
         with contextlib.suppress(SandboxError):
             engine.remove_container(container_id)
     checks: list[tuple[str, Callable[[], bool]]] = [
-        ("memory limit", lambda: seen.memory_max == hardening.memory_bytes),
-        ("PID limit", lambda: seen.pids_max == hardening.pids_limit),
         ("no network", lambda: set(seen.interfaces) <= {"lo"}),
         ("read-only root", lambda: seen.root_writable is False),
-        ("seccomp", lambda: seen.seccomp == 2),
-        ("no-new-privileges", lambda: seen.no_new_privs is True),
         ("no capabilities", lambda: seen.cap_eff is not None and int(seen.cap_eff, 16) == 0),
     ]
-    if daemon.apparmor:
-        checks.append(("AppArmor", lambda: "docker-default" in (seen.apparmor or "")))
+    if not engine.runtime_in_force().user_space_kernel:
+        # gVisor's kernel shows a sandbox neither its cgroup files nor its seccomp and no-new-privileges state, and it
+        # applies no AppArmor profile: the host's limits bind the gVisor sandbox as a whole (SECURITY.md).
+        checks += [
+            ("memory limit", lambda: seen.memory_max == hardening.memory_bytes),
+            ("PID limit", lambda: seen.pids_max == hardening.pids_limit),
+            ("seccomp", lambda: seen.seccomp == 2),
+            ("no-new-privileges", lambda: seen.no_new_privs is True),
+        ]
+        if daemon.apparmor:
+            checks.append(("AppArmor", lambda: "docker-default" in (seen.apparmor or "")))
     failed = [name for name, ok in checks if not ok()]
     passed_names = ", ".join(name for name, _ok in checks)
     findings.append(

@@ -12,14 +12,16 @@ import contextlib
 import hashlib
 import io
 import logging
+import os
 import socket
 import struct
 import tarfile
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from pathlib import PurePosixPath
 from typing import Any, BinaryIO, cast
 
 import docker
@@ -28,7 +30,16 @@ import requests.exceptions
 from docker.types import LogConfig, Ulimit
 
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import ENVIRONMENT, HOSTNAME, SUPERVISOR_USER, WORKSPACE_DIR, ContainerRequest
+from code_sandbox.hardening import (
+    ENVIRONMENT,
+    HOSTNAME,
+    LABEL_RUNTIME,
+    SUPERVISOR_USER,
+    UNSEALED_ENVIRONMENT,
+    WORKSPACE_DIR,
+    ContainerRequest,
+)
+from code_sandbox.settings import Settings, SettingsError, env_name, unknown_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +55,24 @@ class DaemonFacts:
     os_type: str
     apparmor: bool
     seccomp: bool
+    runtimes: Mapping[str, str] = field(default_factory=dict[str, str])
+    """Every container runtime registered with the engine, by name, with the path of its binary as the engine
+    reports it (``runc``: ``runc``; ``runsc``: ``/usr/bin/runsc``)."""
+    default_runtime: str = "runc"
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """The container runtime that every container of an engine runs under."""
+
+    name: str
+    path: str
+    """The runtime's binary as the engine reports it."""
+
+    @property
+    def user_space_kernel(self) -> bool:
+        """Whether it is gVisor (``runsc``): a kernel in user space between sandboxed code and the host's kernel."""
+        return PurePosixPath(self.path).name == "runsc"
 
 
 @dataclass(frozen=True)
@@ -87,11 +116,15 @@ class ExecResult:
     stderr: bytes
 
 
-def build_create_arguments(request: ContainerRequest, *, start: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def build_create_arguments(
+    request: ContainerRequest, *, start: bool, runtime: RuntimeFacts
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The docker SDK arguments for a hardened container: ``create_container`` keywords and ``create_host_config``
-    keywords. Every value comes from :mod:`code_sandbox.hardening`; the benchmark's raw floor uses the same."""
+    keywords. Every value comes from :mod:`code_sandbox.hardening` and the runtime in force; the benchmark's raw floor
+    uses the same."""
     hardening = request.hardening
     host_config = {
+        "runtime": runtime.name,
         "network_mode": "none",
         "read_only": True,
         "cap_drop": ["ALL"],
@@ -116,8 +149,8 @@ def build_create_arguments(request: ContainerRequest, *, start: bool) -> tuple[d
         "image": request.image_id,
         "command": request.command,
         "user": SUPERVISOR_USER,
-        "environment": dict(ENVIRONMENT),
-        "labels": dict(request.labels),
+        "environment": {**ENVIRONMENT, **(UNSEALED_ENVIRONMENT if runtime.user_space_kernel else {})},
+        "labels": {**request.labels, LABEL_RUNTIME: runtime.name},
         "hostname": HOSTNAME,
         "network_disabled": True,
         "working_dir": WORKSPACE_DIR,
@@ -154,7 +187,12 @@ class DockerEngine:
     """A lazily connected Docker client. Safe to share between threads (requests pools connections)."""
 
     def __init__(
-        self, *, timeout: int = 60, labels: Mapping[str, str] | None = None, base_url: str | None = None
+        self,
+        *,
+        timeout: int = 60,
+        labels: Mapping[str, str] | None = None,
+        base_url: str | None = None,
+        runtime: str | None = None,
     ) -> None:
         self.base_url = base_url
         """The daemon's address (``unix:///path/docker.sock``); ``None`` reads ``DOCKER_HOST`` and the rest of the
@@ -163,6 +201,9 @@ class DockerEngine:
         """Seconds one API call may take; a container may start this long after its create call began."""
         self.labels: Mapping[str, str] = dict(labels or {})
         """Added to every container this engine creates (the ``CODE_SANDBOX_TAG`` setting; the tests' run label)."""
+        self.runtime = runtime
+        """The container runtime asked for (``CODE_SANDBOX_RUNTIME``); ``None`` is the engine's default. Every
+        container this engine creates runs under :meth:`runtime_in_force`."""
         self.verified_images: set[tuple[str, str]] = set()
         """``(profile, image ID)`` pairs that passed ``verify_image`` on this engine. An image ID is a hash of the
         image's content, so a pass holds for as long as the ID exists; a retagged image has a new ID."""
@@ -171,6 +212,16 @@ class DockerEngine:
         self._api: Any = None
         self._lock = threading.Lock()
         self._daemon: DaemonFacts | None = None
+
+    @classmethod
+    def for_settings(cls, settings: Settings, **options: Any) -> DockerEngine:
+        """The engine as the operator configured it: their tag on every container, their runtime for every one."""
+        return cls(labels=settings.container_labels(), runtime=settings.runtime, **options)
+
+    def is_local(self) -> bool:
+        """Whether the engine is reached over a unix socket on this machine (its files are this machine's)."""
+        address = self.base_url or os.environ.get("DOCKER_HOST") or "unix://"
+        return address.startswith("unix://")
 
     def api(self) -> Any:
         with self._lock:
@@ -203,7 +254,13 @@ class DockerEngine:
             with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the Docker engine did not describe itself"):
                 info = cast(dict[str, Any], self.api().info())
             options = [str(option) for option in cast(list[object], info.get("SecurityOptions") or [])]
+            runtimes = cast(dict[str, Any], info.get("Runtimes") or {})
             self._daemon = DaemonFacts(
+                runtimes={
+                    str(name): str(cast(dict[str, Any], value).get("path") or "") if isinstance(value, dict) else ""
+                    for name, value in runtimes.items()
+                },
+                default_runtime=str(info.get("DefaultRuntime") or "runc"),
                 architecture=_normalise_arch(str(info.get("Architecture", ""))),
                 os_type=str(info.get("OSType", "")),
                 apparmor=any(option.startswith("name=apparmor") for option in options),
@@ -212,6 +269,17 @@ class DockerEngine:
                 ),
             )
         return self._daemon
+
+    def runtime_in_force(self) -> RuntimeFacts:
+        """The runtime every container of this engine runs under: the one asked for, or the engine's default.
+
+        :raises SettingsError: the engine has no runtime of the name asked for (the message names those it has).
+        """
+        daemon = self.daemon_facts()
+        name = self.runtime or daemon.default_runtime
+        if name not in daemon.runtimes:
+            raise unknown_runtime(daemon.runtimes)
+        return RuntimeFacts(name, daemon.runtimes[name])
 
     # -- images -------------------------------------------------------------------------------------------------
 
@@ -292,7 +360,13 @@ class DockerEngine:
         container_id: str | None = None
         if self.labels:
             request = replace(request, labels={**request.labels, **self.labels})
-        create_kwargs, host_kwargs = build_create_arguments(request, start=start)
+        try:
+            runtime = self.runtime_in_force()
+        except SettingsError:  # the start-up check names the engine's runtimes; a tool's error does not
+            raise SettingsError(
+                env_name("runtime"), "names a runtime the Docker engine does not have (run `code-sandbox doctor`)"
+            ) from None
+        create_kwargs, host_kwargs = build_create_arguments(request, start=start, runtime=runtime)
         try:
             with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
                 host_config = api.create_host_config(**host_kwargs)

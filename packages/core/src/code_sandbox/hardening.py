@@ -37,6 +37,7 @@ LABEL_EXPIRES_AT = LABEL_PREFIX + "expires-at"
 LABEL_SESSION = LABEL_PREFIX + "session"  # the session's hash, or "pool" for a warm container
 LABEL_UID = LABEL_PREFIX + "uid"  # the sandbox uid; no two live containers on one engine may share it
 LABEL_TAG = LABEL_PREFIX + "tag"  # the operator's CODE_SANDBOX_TAG, when set
+LABEL_RUNTIME = LABEL_PREFIX + "runtime"  # the engine's container runtime it runs under (runc, runsc)
 
 ENVIRONMENT: Mapping[str, str] = {
     "PATH": "/usr/local/bin",
@@ -45,6 +46,10 @@ ENVIRONMENT: Mapping[str, str] = {
     "LANG": "C.UTF-8",
 }
 """The fixed environment of the container and of every exec; nothing comes from the host."""
+UNSEALED_ENVIRONMENT: Mapping[str, str] = {"CODE_SANDBOX_SEAL": "optional"}
+"""Added to the container's environment under gVisor, whose kernel does not keep same-uid processes out of a
+non-dumpable one: it tells the helpers to run although the seal (:mod:`code_sandbox.seal`) cannot hold. Helpers never
+pass it to user code."""
 
 
 def user_of(uid: int) -> str:

@@ -1,7 +1,8 @@
 """Build the sandbox image offline and verify an image before anything runs on it.
 
-The offline build writes a ``FROM scratch`` context in memory: the profile's runtime binary (root-owned and
-unreadable, mode 0711), its files (helpers, any library tree; root-owned, 0555), the shared libraries these need,
+The offline build writes a ``FROM scratch`` context in memory: the profile's runtime binary (root-owned, mode 0755),
+the seal (:mod:`code_sandbox.seal`), the profile's files (helpers, any library tree; root-owned, 0555), the shared
+libraries these need,
 an operator's package set if one is given (root-owned, read-only), ``/etc/passwd`` and ``/etc/group`` with the
 supervisor user, and empty mount points. Verification checks labels (including the helper protocol's version),
 user, contents (the package tree against its digest) and a real run.
@@ -14,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
 import tarfile
 import time
@@ -48,6 +50,7 @@ from code_sandbox.package_sets import (
 )
 from code_sandbox.profile import ImageContents, ImageSpec, PackageSet, Profile
 from code_sandbox.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
+from code_sandbox.seal import SEAL_PATH, seal_architectures, seal_library
 
 Progress = Callable[[str], None]
 
@@ -63,9 +66,9 @@ _PASSWD = (
     f"supervisor:x:{SUPERVISOR_UID}:{SUPERVISOR_UID}:supervisor:/nonexistent:/nonexistent\n"
 )
 _GROUP = f"root:x:0:\nsupervisor:x:{SUPERVISOR_UID}:\n"
-RUNTIME_MODE = 0o711
-"""Root-owned and unreadable: the kernel then makes every process that execs the runtime non-dumpable, so code in
-a sandbox cannot open another process's ``/proc/<pid>/fd`` or ``mem``, nor ptrace it, even under its own uid."""
+RUNTIME_MODE = 0o755
+"""Root-owned and readable: gVisor, unlike Linux, cannot execute a binary that the caller may not read. Helpers make
+themselves non-dumpable with the seal instead (:mod:`code_sandbox.seal`)."""
 _DOCKERFILE = (
     f"FROM scratch\nCOPY rootfs/ /\nUSER {SUPERVISOR_USER}\nENV PATH=/usr/local/bin\nWORKDIR {WORKSPACE_DIR}\n"
 )
@@ -116,6 +119,7 @@ def build_offline_image(
         )
     for image_path, host_path in libraries.items():
         files.setdefault(image_path, host_path.read_bytes())
+    files[SEAL_PATH] = _seal_for(daemon.architecture)
     tree = _package_tree(spec, packages)
     progress(f"writing the context ({len(files)} files, {len(libraries)} of them libraries; {len(tree)} vendored)")
     context = _build_context(runtime_bytes, contents.runtime_path, files, tree)
@@ -129,6 +133,16 @@ def build_offline_image(
     image_id = engine.build_image(context, tag=spec.tag, labels=labels, on_step=progress)
     progress(f"built {spec.tag}")
     return image_id
+
+
+def _seal_for(architecture: str) -> bytes:
+    seal = seal_library(architecture)
+    if seal is None:
+        raise SandboxError(
+            ErrorCode.IMAGE_BUILD_FAILED,
+            f"sandbox images can be built for {' and '.join(seal_architectures())} engines only",
+        )
+    return seal
 
 
 def _read_files(contents: ImageContents) -> dict[str, bytes]:
@@ -199,7 +213,7 @@ def _tar_entry(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
     return entry
 
 
-VERIFIER_VERSION = 2
+VERIFIER_VERSION = 3
 """Bump when :func:`verify_image` checks something new: passes recorded by an earlier version then no longer count."""
 
 
@@ -219,7 +233,7 @@ def verification_key(engine: DockerEngine, profile: Profile, image_id: str) -> s
         "runtime": [spec.runtime_path, spec.runtime_version_label, *spec.runtime_version_argv],
         "forbidden": sorted(spec.forbidden_names),
         "engine": [engine.base_url or os.environ.get("DOCKER_HOST", ""), daemon.architecture, daemon.os_type,
-                   daemon.apparmor, daemon.seccomp],
+                   daemon.apparmor, daemon.seccomp, engine.runtime_in_force().name],
     }  # fmt: skip
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
@@ -307,6 +321,8 @@ def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, r
     forbidden: set[str] = set()
     helpers: dict[str, tuple[str | None, int, int]] = {}
     runtime_found = False
+    seal = seal_library(image.architecture)
+    seal_found = False
     tree = _TreeCheck(spec.package_root)
     try:
         for entry in engine.export_filesystem(container_id):
@@ -318,6 +334,9 @@ def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, r
                 helpers[entry.path] = (entry.sha256, entry.mode, entry.uid)
             if entry.path == runtime_path:
                 runtime_found = entry.kind == "file" and entry.mode == RUNTIME_MODE and entry.uid == 0
+            if entry.path == SEAL_PATH:
+                seal_found = seal is not None and entry.sha256 == hashlib.sha256(seal).hexdigest()
+                seal_found = seal_found and entry.kind == "file" and entry.mode == 0o555 and entry.uid == 0
     finally:
         with contextlib.suppress(SandboxError):
             engine.remove_container(container_id)
@@ -326,7 +345,8 @@ def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, r
     )
     bad = sorted(path for path, digest in expected.items() if helpers.get(path) != (digest, 0o555, 0))
     report.add("helpers match the profile's", not bad, "all match" if not bad else "differ: " + ", ".join(bad))
-    report.add("runtime sealed", runtime_found, f"{runtime_path} root-owned, mode {RUNTIME_MODE:o}")
+    report.add("runtime read-only", runtime_found, f"{runtime_path} root-owned, mode {RUNTIME_MODE:o}")
+    report.add("seal", seal_found, f"{SEAL_PATH} " + ("matches" if seal_found else "is missing or differs"))
     tree.report(image, report)
 
 
@@ -376,6 +396,9 @@ class _TreeCheck:
             report.add("package set", True, f"{len(packages)} packages; the tree under {self.root} matches")
 
 
+_VERSION_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
+
+
 def _probe_labels() -> dict[str, str]:
     """Probe containers are managed and already due, so a sweep removes any that a crash left behind."""
     return {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(time.time()) + 60)}
@@ -403,6 +426,8 @@ def _verify_run(
         with contextlib.suppress(SandboxError):
             engine.remove_container(container_id)
     version = result.stdout.decode("ascii", "replace").strip()
+    if not _VERSION_TEXT.fullmatch(version):  # e.g. the engine's words on a stopped container: never shown
+        version = "something other than a version"
     report.runtime_version = version
     label = image.labels.get(spec.runtime_version_label)
     ok = result.exit_code == 0 and version == label

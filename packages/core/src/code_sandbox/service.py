@@ -43,7 +43,7 @@ class SandboxService:
     ) -> None:
         self.settings = settings
         self.profile = profile
-        self.engine = engine or DockerEngine(labels=settings.container_labels())
+        self.engine = engine or DockerEngine.for_settings(settings)
         self.state_dir = state_dir or default_state_dir()
         verified = VerifiedImages(self.state_dir / "verified-images")
         self.manager = SessionManager(self.engine, profile, settings, verified=verified)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +28,7 @@ class _IntSetting:
 
 
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_RUNTIME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TAG_RULE = "must be 1 to 63 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
@@ -70,6 +71,9 @@ class Settings:
     profile: str | None = None
     tag: str | None = None
     """Labels every container this server makes, e.g. with the client's name (``io.code-sandbox.tag=<tag>``)."""
+    runtime: str | None = None
+    """The engine's container runtime for every container this server makes (``runsc`` for gVisor); ``None`` is the
+    engine's default runtime (``runc`` on a stock Docker engine)."""
 
     def container_labels(self) -> dict[str, str]:
         """The labels this operator asked for on every container (:attr:`DockerEngine.labels`)."""
@@ -82,6 +86,15 @@ class SettingsError(SandboxError):
     def __init__(self, variable: str, message: str) -> None:
         super().__init__(ErrorCode.SETTINGS_INVALID, f"{variable} {message}")
         self.variable = variable
+
+
+RUNTIME_RULE = "must be the name of a container runtime: 1 to 64 ASCII letters, digits, '.', '_' or '-'"
+
+
+def unknown_runtime(available: Iterable[str]) -> SettingsError:
+    """The error for a ``CODE_SANDBOX_RUNTIME`` that the engine has not registered; it names the ones it has."""
+    names = ", ".join(sorted(name for name in available if _RUNTIME.fullmatch(name))) or "none"
+    return SettingsError(env_name("runtime"), f"must name a runtime the Docker engine has registered (it has: {names})")
 
 
 def _parse_int(spec: _IntSetting, raw: str) -> int:
@@ -126,6 +139,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
     profile = env.get(env_name("profile")) or None
 
+    runtime = env.get(env_name("runtime")) or None
+    if runtime is not None and _RUNTIME.fullmatch(runtime) is None:
+        raise SettingsError(env_name("runtime"), RUNTIME_RULE)
+
     tag = env.get(env_name("tag"))
     if tag is not None and not is_valid_tag(tag):
         raise SettingsError(env_name("tag"), TAG_RULE)
@@ -145,4 +162,5 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         audit_log=audit_log,
         profile=profile,
         tag=tag,
+        runtime=runtime,
     )

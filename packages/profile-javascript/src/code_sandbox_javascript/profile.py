@@ -92,8 +92,12 @@ const read = (p) => { try { return fs.readFileSync(p, 'utf8').trim(); } catch { 
 const int = (text) => (text !== null && /^[0-9]+$/.test(text) ? Number(text) : null);
 const status = read('/proc/self/status') || '';
 const field = (name) => (status.match(new RegExp(`^${name}:\\s*(\\S+)`, 'm')) || [])[1] ?? null;
+// gVisor refuses the write for the directory's owner before it looks at the mount: its mount options say it.
+const mounts = (read('/proc/self/mountinfo') || '').split('\n').map((line) => line.split(' '));
+const rootMount = mounts.find((f) => f[4] === '/');
+const rootReadOnly = (rootMount?.[5] ?? '').split(',').includes('ro');
 let rootWritable = true;
-try { fs.writeFileSync('/probe', 'x'); } catch (e) { rootWritable = e.code !== 'EROFS'; }
+try { fs.writeFileSync('/probe', 'x'); } catch (e) { rootWritable = e.code !== 'EROFS' && !rootReadOnly; }
 const noNewPrivs = field('NoNewPrivs');
 console.log(JSON.stringify({
   memory_max: int(read('/sys/fs/cgroup/memory.max') ?? read('/sys/fs/cgroup/memory/memory.limit_in_bytes')),

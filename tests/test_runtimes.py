@@ -1,0 +1,223 @@
+"""The container runtime setting (``CODE_SANDBOX_RUNTIME``) and gVisor (``runsc``) as an opt-in second wall: every
+container of a server runs under the runtime asked for, the runtime is checked against the engine at start, and
+``doctor`` and ``verify-image`` work under it. These tests need runsc registered with the engine (CI does it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from code_sandbox.doctor import run_doctor
+from code_sandbox.engine import DaemonFacts, DockerEngine
+from code_sandbox.execution import run_entrypoint
+from code_sandbox.hardening import (
+    LABEL_EXPIRES_AT,
+    LABEL_MANAGED,
+    LABEL_RUNTIME,
+    LABEL_TAG,
+    PROBE_UID,
+    ContainerRequest,
+    user_of,
+)
+from code_sandbox.image import verify_image
+from code_sandbox.profile import Profile
+from code_sandbox.seal import SEAL_PATH, seal_architectures, seal_library
+from code_sandbox.sessions import SessionManager
+from code_sandbox.settings import Settings, SettingsError, load_settings
+from code_sandbox.sweep import sweep_managed
+from code_sandbox.workspace import write_files
+
+from tests.conftest import WORKER_TAG, ready_image
+from tests.support.run import command_env
+from tests.support.runtimes import runtime_engine
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio]
+CLI = str(Path(sys.executable).parent / "code-sandbox")
+
+
+@pytest.fixture(scope="module")
+def gvisor() -> Iterator[DockerEngine]:
+    """An engine whose containers run under runsc, tagged for this worker."""
+    yield from runtime_engine("runsc", WORKER_TAG + "-runsc")
+
+
+@pytest.fixture
+async def gvisor_manager(gvisor: DockerEngine, profile: Profile) -> Any:
+    ready_image(gvisor, profile)
+    manager = SessionManager(gvisor, profile, Settings(max_sessions=2, default_timeout=10, max_timeout=60))
+    yield manager
+    await manager.shutdown()
+
+
+def test_a_runtime_name_must_look_like_one() -> None:
+    assert load_settings({"CODE_SANDBOX_RUNTIME": "runsc"}).runtime == "runsc"
+    assert load_settings({"CODE_SANDBOX_RUNTIME": ""}).runtime is None  # unset: the engine's default
+    for bad in ("run sc", "-runsc", "runsc\n", "x" * 65, "rünsc", "../runc"):
+        with pytest.raises(SettingsError) as caught:
+            load_settings({"CODE_SANDBOX_RUNTIME": bad})
+        assert caught.value.variable == "CODE_SANDBOX_RUNTIME"
+        assert bad not in caught.value.message
+
+
+def test_an_unregistered_runtime_stops_serve_at_start_with_exit_2_and_one_line() -> None:
+    result = subprocess.run(
+        [CLI, "serve"],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=command_env(runtime="no-such-runtime", audit_enabled="false"),
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""  # nothing on the protocol's stream
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert "CODE_SANDBOX_RUNTIME" in lines[0] and "runc" in lines[0] and "runsc" in lines[0]
+    assert "no-such-runtime" not in lines[0]
+
+
+def test_the_default_runtime_is_the_engines_and_every_container_is_labelled_with_it(
+    engine: DockerEngine, profile: Profile, image_id: str
+) -> None:
+    assert engine.runtime is None
+    runtime = engine.runtime_in_force()
+    assert runtime.name == engine.daemon_facts().default_runtime == "runc"
+    assert not runtime.user_space_kernel
+    request = ContainerRequest(image_id, [*profile.helper_argv("watchdog"), "60"], {LABEL_MANAGED: "true"}, False)
+    container = engine.create_container(request, start=False)
+    try:
+        inspect = engine.inspect_container_raw(container)
+        assert inspect["HostConfig"]["Runtime"] == "runc"
+        assert inspect["Config"]["Labels"][LABEL_RUNTIME] == "runc"
+        assert "CODE_SANDBOX_SEAL=optional" not in inspect["Config"]["Env"]
+    finally:
+        engine.remove_container(container)
+
+
+async def test_under_runsc_a_session_runs_on_gvisors_kernel_and_says_so(
+    gvisor_manager: SessionManager, gvisor: DockerEngine
+) -> None:
+    session = await gvisor_manager.create()
+    inspect = gvisor.inspect_container_raw(session.container_id)
+    assert inspect["HostConfig"]["Runtime"] == "runsc"
+    assert inspect["Config"]["Labels"][LABEL_RUNTIME] == "runsc"
+    assert inspect["HostConfig"]["ReadonlyRootfs"] is True and inspect["HostConfig"]["NetworkMode"] == "none"
+    source = "const os = require('os'); console.log(os.release() + ' ' + (6 * 7));"
+    await write_files(gvisor_manager, session.id, [("kernel.js", source)], overwrite=False)
+    result = await run_entrypoint(gvisor_manager, session.id, "kernel.js", [], timeout_seconds=10)
+    assert result.exit_code == 0, result.stderr
+    release, answer = result.stdout.split()
+    assert answer == "42"
+    assert release != os.uname().release  # gVisor's own kernel answers, not the host's
+
+
+def test_doctor_says_gvisor_is_in_force_and_every_check_passes_under_runsc(
+    gvisor: DockerEngine, profile: Profile
+) -> None:
+    ready_image(gvisor, profile)
+    findings = {finding.name: finding for finding in run_doctor(gvisor, profile, {"CODE_SANDBOX_RUNTIME": "runsc"})}
+    assert "gVisor" in findings["runtime"].detail
+    assert all(finding.passed for finding in findings.values()), findings
+
+
+def test_doctor_names_the_engines_runtimes_when_the_one_asked_for_is_missing(profile: Profile) -> None:
+    engine = DockerEngine(runtime="no-such-runtime")
+    try:
+        findings = {finding.name: finding for finding in run_doctor(engine, profile, {})}
+    finally:
+        engine.close()
+    assert not findings["runtime"].passed
+    assert "runsc" in findings["runtime"].detail and "runc" in findings["runtime"].detail
+    assert findings["hardening enforced"].detail == "not checked: the runtime asked for is missing"
+
+
+def test_doctor_explains_how_to_register_runsc_when_it_is_installed_but_not(engine: DockerEngine) -> None:
+    from code_sandbox.doctor import Finding, _check_runtime  # pyright: ignore[reportPrivateUsage]
+
+    class Unregistered(DockerEngine):
+        def daemon_facts(self) -> DaemonFacts:
+            return replace(super().daemon_facts(), runtimes={"runc": "runc"})
+
+    findings: list[Finding] = []
+    assert _check_runtime(findings, Unregistered(), runsc="/usr/bin/runsc")
+    assert findings[0].passed and findings[0].fix is not None
+    assert '"runtimeArgs": ["--network=none"]' in findings[0].fix and "daemon.json" in findings[0].fix
+
+
+def test_verify_image_runs_its_hardened_probe_under_the_configured_runtime(
+    gvisor: DockerEngine, profile: Profile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ready_image(gvisor, profile)
+    runtimes: list[str] = []
+    create = gvisor.create_container
+
+    def spy(request: ContainerRequest, **options: Any) -> str:
+        container = create(request, **options)
+        runtimes.append(gvisor.inspect_container_raw(container)["HostConfig"]["Runtime"])
+        return container
+
+    monkeypatch.setattr(gvisor, "create_container", spy)
+    report = verify_image(gvisor, profile)
+    assert report.passed, [check for check in report.checks if not check.passed]
+    assert runtimes and set(runtimes) == {"runsc"}
+
+
+def test_a_sweep_removes_expired_containers_of_every_runtime_alike(
+    engine: DockerEngine, gvisor: DockerEngine, profile: Profile, image_id: str
+) -> None:
+    ready_image(gvisor, profile)
+    tag = WORKER_TAG + "-sweep"
+    expired = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: "1", LABEL_TAG: tag}
+    watchdog = [*profile.helper_argv("watchdog"), "60"]
+    made = [
+        runner.create_container(ContainerRequest(image_id, watchdog, expired, engine.daemon_facts().apparmor))
+        for runner in (DockerEngine(labels={LABEL_TAG: tag}), DockerEngine(labels={LABEL_TAG: tag}, runtime="runsc"))
+    ]
+    try:
+        verdicts, failed = sweep_managed(engine, max_lifetime=600, tag=tag)
+        assert failed == 0
+        assert {verdict.container.labels[LABEL_RUNTIME] for verdict in verdicts} == {"runc", "runsc"}
+        assert [engine.container_facts(container) for container in made] == [None, None]
+    finally:
+        for container in made:
+            engine.remove_container(container)
+
+
+@pytest.mark.parametrize("architecture", seal_architectures())
+def test_the_seal_is_a_shared_object_for_its_machine_with_nothing_but_an_initialiser(architecture: str) -> None:
+    seal = seal_library(architecture)
+    assert seal is not None and seal[:4] == b"\x7fELF" and seal[4] == 2  # ELF64
+    machine = int.from_bytes(seal[18:20], "little")
+    assert machine == {"x86_64": 62, "aarch64": 183}[architecture]
+    assert int.from_bytes(seal[16:18], "little") == 3  # a shared object
+    assert len(seal) < 512
+    assert seal_library("riscv64") is None
+
+
+def test_the_seal_makes_a_sandbox_process_that_loads_it_non_dumpable(
+    engine: DockerEngine, profile: Profile, image_id: str
+) -> None:
+    """Under the host's kernel, as a sandbox uid: /proc/self/fd is the process's own until the seal is in, then
+    root's, which is what keeps same-uid user code out of the helpers."""
+    request = ContainerRequest(image_id, [*profile.helper_argv("watchdog"), "60"], {LABEL_MANAGED: "true"}, False)
+    container = engine.create_container(request)
+    script = (
+        "const fs = require('fs'); const owner = () => fs.statSync('/proc/self/fd').uid; const before = owner();"
+        f"try {{ process.dlopen({{ exports: {{}} }}, '{SEAL_PATH}'); }} catch {{}}"
+        "console.log(before, owner());"
+    )
+    try:
+        result = engine.exec(
+            container, ["/usr/local/bin/node", "-e", script], user=user_of(PROBE_UID), timeout=30, max_stdout=4096
+        )
+    finally:
+        engine.remove_container(container)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.split() == [str(PROBE_UID).encode(), b"0"]
