@@ -293,7 +293,7 @@ def main() -> None:
 
     print(
         f"code-sandbox benchmark: {iterations} iterations, {platform.machine()}, {os.cpu_count()} CPUs, "
-        f"runtime {runtime}",
+        f"runtime {runtime.name}",
         flush=True,
     )
     floor = {k: summary(v) for k, v in raw_floor(iterations, image.id, watchdog, runtime).items()}
@@ -349,7 +349,7 @@ def main() -> None:
     options.json.write_text(json.dumps({
         "machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                     "docker": engine.api().version().get("Version")},
-        "iterations": iterations, "runtime": runtime,
+        "iterations": iterations, "runtime": runtime.name,
         "floor": floor, "core_pool_off": core_cold, "core_pool_on": core_warm,
         "mcp_pool_off": mcp_cold, "mcp_pool_on": mcp_warm, "server": server, "cold": cold,
         "ratios": {name: ratio for name, _s, _f, ratio in rows if ratio is not None},

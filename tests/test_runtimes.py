@@ -4,7 +4,6 @@ container of a server runs under the runtime asked for, the runtime is checked a
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,25 +14,20 @@ from typing import Any
 import pytest
 from code_sandbox.doctor import run_doctor
 from code_sandbox.engine import DaemonFacts, DockerEngine
-from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
     LABEL_RUNTIME,
     LABEL_TAG,
-    PROBE_UID,
     ContainerRequest,
-    user_of,
 )
 from code_sandbox.image import verify_image
 from code_sandbox.profile import Profile
-from code_sandbox.seal import SEAL_PATH, seal_architectures, seal_library
-from code_sandbox.sessions import SessionManager
-from code_sandbox.settings import Settings, SettingsError, load_settings
+from code_sandbox.seal import seal_architectures, seal_library
+from code_sandbox.settings import SettingsError, load_settings
 from code_sandbox.sweep import sweep_managed
-from code_sandbox.workspace import write_files
 
-from tests.conftest import WORKER_TAG, ready_image
+from tests.conftest import WORKER_TAG
 from tests.support.run import command_env
 from tests.support.runtimes import runtime_engine
 
@@ -45,14 +39,6 @@ CLI = str(Path(sys.executable).parent / "code-sandbox")
 def gvisor() -> Iterator[DockerEngine]:
     """An engine whose containers run under runsc, tagged for this worker."""
     yield from runtime_engine("runsc", WORKER_TAG + "-runsc")
-
-
-@pytest.fixture
-async def gvisor_manager(gvisor: DockerEngine, profile: Profile) -> Any:
-    ready_image(gvisor, profile)
-    manager = SessionManager(gvisor, profile, Settings(max_sessions=2, default_timeout=10, max_timeout=60))
-    yield manager
-    await manager.shutdown()
 
 
 def test_a_runtime_name_must_look_like_one() -> None:
@@ -101,30 +87,15 @@ def test_the_default_runtime_is_the_engines_and_every_container_is_labelled_with
         engine.remove_container(container)
 
 
-async def test_under_runsc_a_session_runs_on_gvisors_kernel_and_says_so(
-    gvisor_manager: SessionManager, gvisor: DockerEngine
+def test_doctor_says_gvisor_is_in_force_and_that_its_hardened_run_fails_there(
+    gvisor: DockerEngine, profile: Profile, image_id: str
 ) -> None:
-    session = await gvisor_manager.create()
-    inspect = gvisor.inspect_container_raw(session.container_id)
-    assert inspect["HostConfig"]["Runtime"] == "runsc"
-    assert inspect["Config"]["Labels"][LABEL_RUNTIME] == "runsc"
-    assert inspect["HostConfig"]["ReadonlyRootfs"] is True and inspect["HostConfig"]["NetworkMode"] == "none"
-    source = "const os = require('os'); console.log(os.release() + ' ' + (6 * 7));"
-    await write_files(gvisor_manager, session.id, [("kernel.js", source)], overwrite=False)
-    result = await run_entrypoint(gvisor_manager, session.id, "kernel.js", [], timeout_seconds=10)
-    assert result.exit_code == 0, result.stderr
-    release, answer = result.stdout.split()
-    assert answer == "42"
-    assert release != os.uname().release  # gVisor's own kernel answers, not the host's
-
-
-def test_doctor_says_gvisor_is_in_force_and_every_check_passes_under_runsc(
-    gvisor: DockerEngine, profile: Profile
-) -> None:
-    ready_image(gvisor, profile)
+    """The image's unreadable runtime cannot be executed by gVisor (SECURITY.md, "Under gVisor"): doctor says so
+    rather than passing a runtime that starts no sandbox."""
+    del image_id
     findings = {finding.name: finding for finding in run_doctor(gvisor, profile, {"CODE_SANDBOX_RUNTIME": "runsc"})}
-    assert "gVisor" in findings["runtime"].detail
-    assert all(finding.passed for finding in findings.values()), findings
+    assert findings["runtime"].passed and "gVisor" in findings["runtime"].detail
+    assert not findings["hardening enforced"].passed
 
 
 def test_doctor_names_the_engines_runtimes_when_the_one_asked_for_is_missing(profile: Profile) -> None:
@@ -152,9 +123,9 @@ def test_doctor_explains_how_to_register_runsc_when_it_is_installed_but_not(engi
 
 
 def test_verify_image_runs_its_hardened_probe_under_the_configured_runtime(
-    gvisor: DockerEngine, profile: Profile, monkeypatch: pytest.MonkeyPatch
+    gvisor: DockerEngine, profile: Profile, image_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ready_image(gvisor, profile)
+    del image_id
     runtimes: list[str] = []
     create = gvisor.create_container
 
@@ -165,14 +136,14 @@ def test_verify_image_runs_its_hardened_probe_under_the_configured_runtime(
 
     monkeypatch.setattr(gvisor, "create_container", spy)
     report = verify_image(gvisor, profile)
-    assert report.passed, [check for check in report.checks if not check.passed]
     assert runtimes and set(runtimes) == {"runsc"}
+    # gVisor cannot execute the unreadable runtime: the hardened run fails, and names nothing but our words.
+    assert [check.name for check in report.checks if not check.passed] == ["hardened run"]
 
 
 def test_a_sweep_removes_expired_containers_of_every_runtime_alike(
     engine: DockerEngine, gvisor: DockerEngine, profile: Profile, image_id: str
 ) -> None:
-    ready_image(gvisor, profile)
     tag = WORKER_TAG + "-sweep"
     expired = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: "1", LABEL_TAG: tag}
     watchdog = [*profile.helper_argv("watchdog"), "60"]
@@ -199,25 +170,3 @@ def test_the_seal_is_a_shared_object_for_its_machine_with_nothing_but_an_initial
     assert int.from_bytes(seal[16:18], "little") == 3  # a shared object
     assert len(seal) < 512
     assert seal_library("riscv64") is None
-
-
-def test_the_seal_makes_a_sandbox_process_that_loads_it_non_dumpable(
-    engine: DockerEngine, profile: Profile, image_id: str
-) -> None:
-    """Under the host's kernel, as a sandbox uid: /proc/self/fd is the process's own until the seal is in, then
-    root's, which is what keeps same-uid user code out of the helpers."""
-    request = ContainerRequest(image_id, [*profile.helper_argv("watchdog"), "60"], {LABEL_MANAGED: "true"}, False)
-    container = engine.create_container(request)
-    script = (
-        "const fs = require('fs'); const owner = () => fs.statSync('/proc/self/fd').uid; const before = owner();"
-        f"try {{ process.dlopen({{ exports: {{}} }}, '{SEAL_PATH}'); }} catch {{}}"
-        "console.log(before, owner());"
-    )
-    try:
-        result = engine.exec(
-            container, ["/usr/local/bin/node", "-e", script], user=user_of(PROBE_UID), timeout=30, max_stdout=4096
-        )
-    finally:
-        engine.remove_container(container)
-    assert result.exit_code == 0, result.stderr
-    assert result.stdout.split() == [str(PROBE_UID).encode(), b"0"]

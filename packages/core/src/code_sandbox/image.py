@@ -1,10 +1,8 @@
-"""Build the sandbox image offline and verify an image before anything runs on it.
-
-The offline build writes a ``FROM scratch`` context in memory: the profile's runtime binary (root-owned, mode 0755),
-the seal (:mod:`code_sandbox.seal`), the profile's files (helpers, any library tree; root-owned, 0555), the shared
-libraries these need,
-an operator's package set if one is given (root-owned, read-only), ``/etc/passwd`` and ``/etc/group`` with the
-supervisor user, and empty mount points. Verification checks labels (including the helper protocol's version),
+"""Build the sandbox image offline and verify an image before anything runs on it. The offline build writes a ``FROM
+scratch`` context in memory: the profile's runtime binary (root-owned and unreadable, mode 0711), the seal
+(:mod:`code_sandbox.seal`), the profile's files (helpers, any library tree; root-owned, 0555), the shared libraries
+these need, an operator's package set if one is given (root-owned, read-only), ``/etc/passwd`` and ``/etc/group`` with
+the supervisor user, and empty mount points. Verification checks labels (including the helper protocol's version),
 user, contents (the package tree against its digest) and a real run.
 """
 
@@ -66,9 +64,11 @@ _PASSWD = (
     f"supervisor:x:{SUPERVISOR_UID}:{SUPERVISOR_UID}:supervisor:/nonexistent:/nonexistent\n"
 )
 _GROUP = f"root:x:0:\nsupervisor:x:{SUPERVISOR_UID}:\n"
-RUNTIME_MODE = 0o755
-"""Root-owned and readable: gVisor, unlike Linux, cannot execute a binary that the caller may not read. Helpers make
-themselves non-dumpable with the seal instead (:mod:`code_sandbox.seal`)."""
+RUNTIME_MODE = 0o711
+"""Root-owned and unreadable: the kernel then makes every process that execs the runtime non-dumpable from its first
+instruction, so code in a sandbox cannot open another process's ``/proc/<pid>/fd`` or ``mem``, nor ptrace it, even
+under its own uid. The seal (:mod:`code_sandbox.seal`) is a second layer. gVisor cannot execute such a binary (it
+needs read permission to load it), so these images do not run under runsc yet (SECURITY.md, "Under gVisor")."""
 _DOCKERFILE = (
     f"FROM scratch\nCOPY rootfs/ /\nUSER {SUPERVISOR_USER}\nENV PATH=/usr/local/bin\nWORKDIR {WORKSPACE_DIR}\n"
 )
@@ -345,7 +345,7 @@ def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, r
     )
     bad = sorted(path for path, digest in expected.items() if helpers.get(path) != (digest, 0o555, 0))
     report.add("helpers match the profile's", not bad, "all match" if not bad else "differ: " + ", ".join(bad))
-    report.add("runtime read-only", runtime_found, f"{runtime_path} root-owned, mode {RUNTIME_MODE:o}")
+    report.add("runtime sealed", runtime_found, f"{runtime_path} root-owned, mode {RUNTIME_MODE:o}")
     report.add("seal", seal_found, f"{SEAL_PATH} " + ("matches" if seal_found else "is missing or differs"))
     tree.report(image, report)
 

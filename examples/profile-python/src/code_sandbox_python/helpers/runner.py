@@ -7,13 +7,14 @@
 # --channel serves many requests, runs and file operations alike, one after another over a stdin held open for
 # the life of the sandbox: one answer line each (see channel below).
 #
-# User code runs under the runner's own uid, so the runner protects itself the way the kernel allows: before anything
-# else it loads the seal (/usr/local/lib/code-sandbox/seal.so, written by core), whose initialiser makes this process
-# non-dumpable, so user code cannot open our /proc/<pid>/fd or mem, nor ptrace us (gVisor's kernel cannot give this:
-# there the host puts CODE_SANDBOX_SEAL=optional in the container's environment); -I keeps /workspace and the
-# environment off sys.path, so no user file can shadow a module we import. The runner refuses to run unless it sees
-# that protection in force. What user code can still do to us (kill or stop us) only ends the run without an answer,
-# which the host treats as a failure and destroys the sandbox.
+# User code runs under the runner's own uid, so the runner protects itself the way the kernel allows: python3 is
+# installed unreadable (mode 0711), which makes every process that execs it non-dumpable from its first instruction,
+# and as a second layer the runner loads the seal (/usr/local/lib/code-sandbox/seal.so, written by core: prctl), so
+# user code cannot open our /proc/<pid>/fd or mem, nor ptrace us (gVisor's kernel cannot give this: there the host
+# puts CODE_SANDBOX_SEAL=optional in the container's environment); -I keeps /workspace and the environment off
+# sys.path, so no user file can shadow a module we import. The runner refuses to run unless it sees that protection in
+# force. What user code can still do to us (kill or stop us) only ends the run without an answer, which the host
+# treats as a failure and destroys the sandbox.
 import base64
 import contextlib
 import errno

@@ -6,9 +6,9 @@
 // --channel serves one request after another over a held stdin (runs and file operations), one answer line each.
 // Exit 0 for every well-formed answer (refusals included); a nonzero exit is a bug.
 //
-// User code runs under the runner's own uid, so the runner protects itself the way the kernel allows: before anything
-// else it loads the seal (/usr/local/lib/code-sandbox/seal.so, written by core), whose initialiser makes this process
-// non-dumpable, so user code cannot open our /proc/<pid>/fd or mem, nor ptrace us; --disable-sigusr1 keeps our
+// User code runs under the runner's own uid, so the runner protects itself the way the kernel allows: node is
+// installed unreadable (mode 0711), which makes every process that execs it non-dumpable from its first instruction,
+// and as a second layer the runner loads the seal (/usr/local/lib/code-sandbox/seal.so, written by core: prctl), so user code cannot open our /proc/<pid>/fd or mem, nor ptrace us; --disable-sigusr1 keeps our
 // inspector shut. The runner refuses to run unless it sees that protection in force, except where the host said the
 // kernel cannot give it (gVisor: CODE_SANDBOX_SEAL=optional in the container's environment). What user code can still do to us (kill or stop us) only ends the run
 // without an answer, which the host treats as a failure and destroys the sandbox.
