@@ -117,7 +117,11 @@ def test_doctor_explains_how_to_register_runsc_when_it_is_installed_but_not(engi
             return replace(super().daemon_facts(), runtimes={"runc": "runc"})
 
     findings: list[Finding] = []
-    assert _check_runtime(findings, Unregistered(), runsc="/usr/bin/runsc")
+    unregistered = Unregistered()
+    try:
+        assert _check_runtime(findings, unregistered, runsc="/usr/bin/runsc")
+    finally:
+        unregistered.close()
     assert findings[0].passed and findings[0].fix is not None
     assert '"runtimeArgs": ["--network=none"]' in findings[0].fix and "daemon.json" in findings[0].fix
 

@@ -1,9 +1,10 @@
-"""Build the sandbox image offline and verify an image before anything runs on it. The offline build writes a ``FROM
-scratch`` context in memory: the profile's runtime binary (root-owned and unreadable, mode 0711), the seal
-(:mod:`code_sandbox.seal`), the profile's files (helpers, any library tree; root-owned, 0555), the shared libraries
-these need, an operator's package set if one is given (root-owned, read-only), ``/etc/passwd`` and ``/etc/group`` with
-the supervisor user, and empty mount points. Verification checks labels (including the helper protocol's version),
-user, contents (the package tree against its digest) and a real run.
+"""Build the sandbox image offline and verify an image before anything runs on it.
+
+The offline build writes a ``FROM scratch`` context in memory: the profile's runtime binary (root-owned and
+unreadable, mode 0711), the seal (:mod:`code_sandbox.seal`), the profile's files (helpers, any library tree;
+root-owned, 0555), the shared libraries these need, an operator's package set if one is given (root-owned, read-only),
+``/etc/passwd`` and ``/etc/group`` with the supervisor user, and empty mount points. Verification checks labels
+(including the helper protocol's version), user, contents (the package tree against its digest) and a real run.
 """
 
 from __future__ import annotations
