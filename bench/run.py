@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import docker
-from code_sandbox.engine import DockerEngine, build_create_arguments
+from code_sandbox.engine import PODMAN, DockerEngine, RuntimeFacts, build_create_arguments
 from code_sandbox.execution import run_entrypoint, verify_cleanup
 from code_sandbox.hardening import ENVIRONMENT, LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, user_of
 from code_sandbox.plugins import create_plugin_manager, select_profile
@@ -68,28 +67,45 @@ def summary(samples: list[float]) -> dict[str, float]:
 # -- the raw floor -----------------------------------------------------------------------------------------------
 
 
-def raw_floor(iterations: int, image_id: str, watchdog: list[str], runtime: str) -> dict[str, list[float]]:
-    api = docker.from_env().api
+def raw_floor(engine: DockerEngine, iterations: int, image_id: str, watchdog: list[str], runtime: RuntimeFacts
+              ) -> dict[str, list[float]]:  # fmt: skip
+    api = engine.api()  # the SDK's client, reaching the engine as every figure does (DOCKER_HOST, TLS, context)
     samples: dict[str, list[float]] = {
         "create+start": [], "exec node -e 0": [], "remove": [], "stream 1 MiB": [], "create+exec+remove": []
     }  # fmt: skip
     labels = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(time.time()) + 600)}
     request = ContainerRequest(image_id=image_id, command=watchdog, labels=labels, apparmor=False)
+    if engine.daemon_facts().product == PODMAN:
+        # Podman cannot take the tmpfs options as Docker does: the floor's container is made (with its two tmpfs
+        # volumes) and removed the one way Podman allows, the adapter's.
+        def create() -> str:
+            return engine.create_container(request)
+
+        def remove(container_id: str) -> None:
+            engine.remove_container(container_id)
+    else:
+
+        def create() -> str:
+            return _raw_create_and_start(api, request, runtime)
+
+        def remove(container_id: str) -> None:
+            api.remove_container(container_id, force=True)
+
     for _ in range(iterations):
-        container_id = timed(samples["create+start"])(lambda: _raw_create_and_start(api, request, runtime))
+        container_id = timed(samples["create+start"])(create)
         timed(samples["exec node -e 0"])(lambda: _raw_exec_node(api, container_id))  # noqa: B023
         timed(samples["stream 1 MiB"])(lambda: _raw_stream(api, container_id))  # noqa: B023
-        timed(samples["remove"])(lambda: api.remove_container(container_id, force=True))  # noqa: B023
+        timed(samples["remove"])(lambda: remove(container_id))  # noqa: B023
         # What a one-shot is made of by hand: a container, one exec, removal, one after another.
         started = time.perf_counter()
-        container_id = _raw_create_and_start(api, request, runtime)
+        container_id = create()
         _raw_exec_node(api, container_id)
-        api.remove_container(container_id, force=True)
+        remove(container_id)
         samples["create+exec+remove"].append(time.perf_counter() - started)
     return samples
 
 
-def _raw_create_and_start(api: Any, request: ContainerRequest, runtime: str) -> str:
+def _raw_create_and_start(api: Any, request: ContainerRequest, runtime: RuntimeFacts) -> str:
     create_kwargs, host_kwargs = build_create_arguments(request, start=True, runtime=runtime)
     container = api.create_container(**create_kwargs, host_config=api.create_host_config(**host_kwargs))
     api.start(container["Id"])
@@ -293,10 +309,10 @@ def main() -> None:
 
     print(
         f"code-sandbox benchmark: {iterations} iterations, {platform.machine()}, {os.cpu_count()} CPUs, "
-        f"runtime {runtime.name}",
+        f"{engine.daemon_facts().product} at {engine.address.described()}, runtime {runtime.name}",
         flush=True,
     )
-    floor = {k: summary(v) for k, v in raw_floor(iterations, image.id, watchdog, runtime).items()}
+    floor = {k: summary(v) for k, v in raw_floor(engine, iterations, image.id, watchdog, runtime).items()}
     core_cold = {k: summary(v) for k, v in anyio.run(core_api, iterations, 0).items()}
     core_warm = {k: summary(v) for k, v in anyio.run(core_api, iterations, 1).items()}
     mcp_cold = {k: summary(v) for k, v in anyio.run(mcp_surface, iterations, 0).items()}

@@ -300,7 +300,7 @@ class HeldRemoval(DockerEngine):
     on demand)."""
 
     def __init__(self, engine: DockerEngine) -> None:
-        super().__init__(timeout=engine.timeout, labels=engine.labels, base_url=engine.base_url)
+        super().__init__(timeout=engine.timeout, labels=engine.labels, address=engine.address)
         self.verified_images = engine.verified_images
         self.released = threading.Event()
         self.waiting = threading.Event()

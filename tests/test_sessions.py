@@ -271,7 +271,7 @@ class FlakyRemoval(DockerEngine):
     removal)."""
 
     def __init__(self, engine: DockerEngine, failures: int) -> None:
-        super().__init__(timeout=engine.timeout, labels=engine.labels, base_url=engine.base_url)
+        super().__init__(timeout=engine.timeout, labels=engine.labels, address=engine.address)
         self.verified_images = engine.verified_images
         self.failures = failures
         self.attempts = 0
@@ -312,7 +312,7 @@ class HeldCreate(DockerEngine):
     if told to (Docker cannot be made to hold one create open)."""
 
     def __init__(self, engine: DockerEngine, *, failure: SandboxError | None = None) -> None:
-        super().__init__(timeout=engine.timeout, labels=engine.labels, base_url=engine.base_url)
+        super().__init__(timeout=engine.timeout, labels=engine.labels, address=engine.address)
         self.verified_images = engine.verified_images
         self.failure = failure
         self.entered = threading.Event()

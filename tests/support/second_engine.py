@@ -1,6 +1,7 @@
 """A Docker engine of the worker's own, for tests that stop an engine or need one without the sandbox image.
 
-It runs beside the shared engine with its own socket, data-root, exec-root, pidfile and config file, no bridge, no
+It runs beside the shared engine with its own socket (and a TCP port on loopback served over TLS, with certificates
+made for it), data-root, exec-root, pidfile and config file, no bridge, no
 iptables rules and no IP forwarding, so it opens no network and touches nothing of the shared engine's. No registry
 is reachable: an image comes from the shared engine (``docker save`` streamed into ``docker load``).
 
@@ -24,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.engine import DockerEngine, EngineAddress
 from code_sandbox.hardening import LABEL_TAG
 
 from tests.support.run import remove_tagged, worker_tag
+from tests.support.tls import make_certificates
 
 START_SECONDS = 60
 STOP_SECONDS = 60
@@ -48,6 +50,18 @@ class SecondEngine:
         self._process: subprocess.Popen[bytes] | None = None
         self.engine = DockerEngine(base_url=self.base_url, labels={LABEL_TAG: worker_tag()})
         """A client of this engine; its containers carry this worker's tag, like the shared ``engine`` fixture's."""
+        self.certificates = make_certificates(root / "tls")
+        self.port = _free_loopback_port()
+        self.tls_environment = {
+            "DOCKER_HOST": f"tcp://127.0.0.1:{self.port}",
+            "DOCKER_TLS_VERIFY": "1",
+            "DOCKER_CERT_PATH": str(self.certificates.client_dir),
+        }
+        """How a client reaches this engine over TLS, as a remote engine is reached: ``DOCKER_HOST`` and the rest."""
+
+    def tls_engine(self, **options: Any) -> DockerEngine:
+        """A client that reaches this engine through :attr:`tls_environment` only."""
+        return DockerEngine(address=EngineAddress.from_environment(self.tls_environment), **options)
 
     def argv(self) -> list[str]:
         config = self.root / "daemon.json"
@@ -57,6 +71,11 @@ class SecondEngine:
             "dockerd",
             f"--config-file={config}",
             f"--host={self.base_url}",
+            f"--host=tcp://127.0.0.1:{self.port}",
+            "--tlsverify",
+            f"--tlscacert={self.certificates.ca}",
+            f"--tlscert={self.certificates.server_cert}",
+            f"--tlskey={self.certificates.server_key}",
             f"--data-root={self.root / 'data'}",
             f"--exec-root={self.root / 'x'}",
             f"--pidfile={self.root / 'dockerd.pid'}",
@@ -182,6 +201,13 @@ def load_image(source: DockerEngine, target: DockerEngine, image_id: str) -> Non
         saved.close()
     assert errors == [], errors
     assert target.image_facts(image_id) is not None, "the image did not arrive on the second engine"
+
+
+def _free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick; the daemon binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _socket_answers(path: Path) -> bool:

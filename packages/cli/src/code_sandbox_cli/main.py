@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import sys
-import time
+from collections.abc import Mapping
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
@@ -19,7 +19,7 @@ from typing import Annotated, NoReturn
 import anyio
 import typer
 from code_sandbox.errors import SandboxError
-from code_sandbox.hardening import LABEL_PROFILE, LABEL_SESSION
+from code_sandbox.hardening import LABEL_HOST, LABEL_OWNER, LABEL_PROFILE, LABEL_SESSION
 from code_sandbox.limits import WORDS
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.plugins import create_plugin_manager, select_profile
@@ -64,13 +64,18 @@ def _settings() -> Settings:
         fail(error, status=2)
 
 
-def _check_runtime(settings: Settings) -> None:
-    """A runtime the engine has not registered stops the command at once (exit 2), not at its first sandbox. An
-    engine that does not answer is not checked here: every call then says so."""
+def _check_engine(settings: Settings) -> None:
+    """An engine address or TLS set-up that cannot be used, or a runtime the engine has not registered, stops the
+    command at once (exit 2), not at its first sandbox. An engine that does not answer is not checked here: every
+    call then says so."""
+    from code_sandbox.engine import DockerEngine, EngineAddress
+
+    try:
+        EngineAddress.from_environment()
+    except SettingsError as error:
+        fail(error, status=2)
     if settings.runtime is None:
         return
-    from code_sandbox.engine import DockerEngine
-
     engine = DockerEngine.for_settings(settings)
     try:
         engine.runtime_in_force()
@@ -102,7 +107,7 @@ def serve(
     """Start the stdio MCP server (for an MCP client to launch; stdout carries only JSON-RPC)."""
     settings = _settings()
     profile = _profile(settings)
-    _check_runtime(settings)
+    _check_engine(settings)
     _configure_logging(verbose)
     from code_sandbox.stdio import run_stdio_server
 
@@ -139,7 +144,7 @@ def run_command(
     """
     settings = _settings()
     profile = _profile(settings)
-    _check_runtime(settings)
+    _check_engine(settings)
     _configure_logging(verbose=False)
     try:
         status = anyio.run(_run_local, settings, profile, path, entrypoint, arguments or [], timeout)
@@ -285,7 +290,7 @@ def build_image(
     if tarballs is not None and packages is None:
         typer.echo("code-sandbox: --tarballs needs --packages", err=True)
         raise typer.Exit(2)
-    _check_runtime(settings)
+    _check_engine(settings)
 
     def progress(text: str) -> None:
         typer.echo(f"  {text}", err=True)
@@ -311,7 +316,7 @@ def verify_image_command() -> None:
 
     settings = _settings()
     profile = _profile(settings)
-    _check_runtime(settings)
+    _check_engine(settings)
     engine = DockerEngine.for_settings(settings)
     try:
         report = verify_image(engine, profile)
@@ -354,12 +359,13 @@ def reap(
     if all_ and not yes and not dry_run:
         typer.echo("code-sandbox: --all removes live sandboxes too (fix: add --yes to confirm)", err=True)
         raise typer.Exit(2)
+    _check_engine(settings)
     state_dir = default_state_dir()
     engine = DockerEngine.for_settings(settings)
     try:
         verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime, state_dir=state_dir, tag=tag)
         actions = apply_verdicts(engine, verdicts, state_dir=state_dir, tag=tag, everything=all_, dry_run=dry_run)
-        now = time.time()
+        now = engine.now()
         rows: list[tuple[str, ...]] = []
         for verdict, action in zip(verdicts, actions, strict=True):
             container = verdict.container
@@ -369,10 +375,11 @@ def reap(
                 _duration(now - container.created) if container.created is not None else "?",
                 _duration(verdict.expires_at - now) if verdict.expires_at is not None else "?",
                 container.state[:8],
+                _server_of(container.labels),
                 "?" if verdict.owner == "unknown" else verdict.owner,
                 f"{action} ({verdict.reason if not all_ else 'all'})",
             ))  # fmt: skip
-        _print_table(("SESSION", "PROFILE", "AGE", "EXPIRES IN", "STATE", "OWNER", "ACTION"), rows)
+        _print_table(("SESSION", "PROFILE", "AGE", "EXPIRES IN", "STATE", "SERVER", "OWNER", "ACTION"), rows)
         failures = actions.count("REMOVAL FAILED")
     except SandboxError as error:
         fail(error)
@@ -403,6 +410,13 @@ def _print_table(header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) ->
         console.print(table)
     for line in captured.get().splitlines():
         typer.echo(line.rstrip())  # rich pads the last column too
+
+
+def _server_of(labels: Mapping[str, str]) -> str:
+    """``token@machine`` from a container's owner and host labels (another server's, so shown printable only)."""
+    owner = "".join(ch for ch in labels.get(LABEL_OWNER, "?")[:8] if ch.isascii() and ch.isalnum()) or "?"
+    host = "".join(ch for ch in labels.get(LABEL_HOST, "?")[:63] if ch.isascii() and (ch.isalnum() or ch in ".-"))
+    return f"{owner}@{host or '?'}"
 
 
 def _duration(seconds: float) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from code_sandbox.audit import UnsafeAuditFileError, default_audit_path, open_audit_file
-from code_sandbox.engine import DockerEngine
+from code_sandbox.engine import PODMAN, DockerEngine, EngineAddress
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.image import verify_image
@@ -61,17 +61,20 @@ def _check_settings(findings: list[Finding], environ: dict[str, str] | None) -> 
 
 def _check_docker(findings: list[Finding], engine: DockerEngine) -> bool:
     try:
+        address = engine.address
+    except SandboxError as error:
+        findings.append(Finding("docker", False, error.message, "fix or unset the variable"))
+        return False
+    _check_tls(findings, address)
+    try:
         engine.ping()
         daemon = engine.daemon_facts()
-    except SandboxError:
-        findings.append(
-            Finding(
-                "docker",
-                False,
-                "the Docker engine is not reachable",
-                "start Docker (Docker Desktop, or `sudo systemctl start docker`) and check `docker info` works",
-            )
-        )
+    except SandboxError as error:
+        if address.local:
+            fix = "start Docker (Docker Desktop, or `sudo systemctl start docker`) and check `docker info` works"
+        else:
+            fix = error.hint or "check that the engine runs and that `docker info` works with the same settings"
+        findings.append(Finding("docker", False, f"{error.message} at {address.described()}", fix))
         return False
     if daemon.os_type != "linux":
         findings.append(
@@ -80,8 +83,60 @@ def _check_docker(findings: list[Finding], engine: DockerEngine) -> bool:
             )
         )
         return False
-    findings.append(Finding("docker", True, f"reachable, Linux containers, {daemon.architecture}"))
+    findings.append(
+        Finding(
+            "docker",
+            True,
+            f"{daemon.product} {daemon.version} at {address.described()}: Linux containers, "
+            f"{daemon.architecture}, {daemon.operating_system or 'unknown OS'}",
+        )
+    )
     return True
+
+
+def _check_tls(findings: list[Finding], address: EngineAddress) -> None:
+    """An engine reached over the network must be reached over TLS that checks the engine's certificate, with a
+    client key nobody else can read: whoever can talk to the engine can run anything on its host."""
+    if address.local:
+        return
+    if address.url is not None and address.url.startswith("ssh://"):
+        findings.append(Finding("tls", True, "not needed: ssh checks the host's key (known_hosts) and this user's"))
+        return
+    if address.tls is None:
+        findings.append(
+            Finding(
+                "tls",
+                False,
+                "the engine is reached without TLS: anyone who can reach its port controls the engine",
+                "serve the engine with --tlsverify and set DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH",
+            )
+        )
+        return
+    if not address.tls_verify:
+        findings.append(
+            Finding(
+                "tls",
+                False,
+                "TLS without checking the engine's certificate: a machine in the middle could pose as the engine",
+                "set DOCKER_TLS_VERIFY=1",
+            )
+        )
+        return
+    key = address.tls.cert[1] if isinstance(address.tls.cert, tuple) else None
+    if key is not None and _readable_by_others(str(key)):
+        findings.append(
+            Finding("tls", False, "the client key (key.pem) can be read by other users", "chmod 600 key.pem")
+        )
+        return
+    findings.append(Finding("tls", True, "the engine's certificate is checked against ca.pem; a client certificate "
+                                         "proves this client"))  # fmt: skip
+
+
+def _readable_by_others(path: str) -> bool:
+    try:
+        return bool(os.stat(path).st_mode & 0o077)
+    except OSError:
+        return False
 
 
 GVISOR_REGISTRATION = (
@@ -109,7 +164,7 @@ def _check_runtime(findings: list[Finding], engine: DockerEngine, *, runsc: str 
     detail = f"{runtime.name}: sandboxes share the host's kernel"
     installed = runsc if runsc is not None else shutil.which("runsc")
     registered = any(PurePosixPath(path).name == "runsc" for path in engine.daemon_facts().runtimes.values())
-    if installed and not registered and engine.is_local():
+    if installed and not registered and engine.address.local and engine.daemon_facts().product != PODMAN:
         findings.append(
             Finding("runtime", True, detail + "; gVisor's runsc is installed but not registered", GVISOR_REGISTRATION)
         )
@@ -129,18 +184,21 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
     request = ContainerRequest(image.id, [*profile.helper_argv("watchdog"), "60"], labels, daemon.apparmor)
     try:
         container_id = engine.create_container(request)
-    except SandboxError:
+    except SandboxError as error:
         findings.append(
             Finding(
                 "hardening enforced",
                 False,
-                "a hardened container could not start",
-                "the engine may lack seccomp, cgroup memory/pids limits or tmpfs support; use a current Docker",
+                f"a hardened container could not start: {error.message}",
+                error.hint
+                or "the engine may lack seccomp, cgroup memory/pids limits or tmpfs support; use a current Docker",
             )
         )
         return
     try:
-        result = engine.exec(container_id, profile.probe_argv(), user=user_of(PROBE_UID), timeout=30, max_stdout=65536)
+        result = engine.exec(
+            container_id, profile.probe_argv(), user=user_of(PROBE_UID), timeout=30, max_stdout=65536, repeatable=True
+        )
         seen = parse_message(result.stdout.strip(), ProbeAnswer)
     except (SandboxError, ProtocolViolation):
         findings.append(
@@ -165,7 +223,9 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
             ("no-new-privileges", lambda: seen.no_new_privs is True),
         ]
         if daemon.apparmor:
-            checks.append(("AppArmor", lambda: "docker-default" in (seen.apparmor or "")))
+            # Docker applies the profile named; Podman its own (the adapter names none there).
+            profile_name = "containers-default" if daemon.product == PODMAN else "docker-default"
+            checks.append(("AppArmor", lambda: profile_name in (seen.apparmor or "")))
     failed = [name for name, ok in checks if not ok()]
     passed_names = ", ".join(name for name, _ok in checks)
     findings.append(

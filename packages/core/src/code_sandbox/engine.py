@@ -4,6 +4,28 @@ It owns the client connection, image builds and inspection, container create/sta
 export, and the exec socket (stdin streaming, write-half close, frame demultiplexing, ``exec_inspect``). Every
 Docker or transport failure leaves this module as a :class:`SandboxError` with our own message; daemon text,
 container IDs and host paths never do. All methods block: async callers run them with ``anyio.to_thread``.
+
+The engine may be Podman's Docker-compatible API (as tested: rootful Podman 4.3; asked of the engine,
+:attr:`DaemonFacts.product`). It takes the same arguments with these differences, each handled in this module's
+Podman sections and nowhere else:
+
+- Its tmpfs mounts refuse ``nr_inodes``, ``uid`` and ``gid``, so each tmpfs mount of a sandbox is a tmpfs volume of the
+  local driver, of its own, with the same options (``size`` as ``nr_blocks`` of 4 KiB pages, since Podman reads
+  ``size`` as a disk quota: on a kernel with larger pages the bound grows with them), bound
+  ``noexec,nosuid,nodev,nocopy``. Named volumes outlive their container: they are removed with it, and a sweep removes
+  those that no container uses (a container that removed itself, a crash).
+- It adds ``/run`` and ``/var/tmp`` as writable tmpfs mounts of unbounded size; they are mounted read-only and 4 KiB
+  instead, without the image's content (``notmpcopyup``).
+- Rootful, it asks for an RLIMIT_NPROC of 1048576 unless given one, which fails every start where the service lacks
+  CAP_SYS_RESOURCE; :data:`PODMAN_NPROC` is given.
+- It ignores the runtime asked for and runs every container under the service's own OCI runtime, while its info lists
+  runtimes that may not even be installed: that runtime is the only one it has here, and none is asked for.
+- It ignores ``cgroupns: private``: a sandbox sees the host's cgroup paths in ``/proc/self/cgroup``.
+- Its AppArmor profile is ``containers-default-*``, not ``docker-default``: none is named, so Podman applies its own.
+- ``init`` needs catatonit; without it every create fails (:func:`_no_catatonit`).
+- A kill or exec on a stopped container fails with 500 "container state improper", not 409.
+- It adds ``TERM`` and ``container=podman`` to the environment, and an exec that has not started inspects as exited
+  with code 0 (Docker: null); neither matters here.
 """
 
 from __future__ import annotations
@@ -13,6 +35,8 @@ import hashlib
 import io
 import logging
 import os
+import re
+import secrets
 import socket
 import struct
 import tarfile
@@ -23,17 +47,25 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO, cast
+from urllib.parse import urlsplit
 
 import docker
+import docker.constants
 import docker.errors
+import paramiko
 import requests.exceptions
+from docker.context import ContextAPI
+from docker.context.config import get_current_context_name
+from docker.tls import TLSConfig
 from docker.types import LogConfig, Ulimit
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     ENVIRONMENT,
     HOSTNAME,
+    LABEL_MANAGED,
     LABEL_RUNTIME,
+    LABEL_TAG,
     SUPERVISOR_USER,
     UNSEALED_ENVIRONMENT,
     WORKSPACE_DIR,
@@ -44,7 +76,98 @@ from code_sandbox.settings import Settings, SettingsError, env_name, unknown_run
 logger = logging.getLogger(__name__)
 
 _STDOUT, _STDERR = 1, 2
-_TRANSPORT_ERRORS = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError, socket.timeout)
+_TRANSPORT_ERRORS = (
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    ConnectionError,
+    socket.timeout,
+    paramiko.SSHException,  # ssh:// engines
+)
+
+
+_TLS_FILES = ("ca.pem", "cert.pem", "key.pem")
+PODMAN = "Podman Engine"
+PODMAN_LOST_OUTPUT_RETRIES = 2
+"""How often a repeatable exec whose output Podman lost runs again (measured on Podman 4.3.1 under load: 6 of 60 short
+runtime-version execs came back with exit 0 and no output)."""
+
+
+@dataclass(frozen=True)
+class EngineAddress:
+    """Where the engine listens and how to reach it, worked out as the docker CLI does: ``DOCKER_HOST`` (with
+    ``DOCKER_TLS_VERIFY`` and ``DOCKER_CERT_PATH``), else the Docker context in use (``DOCKER_CONTEXT``, else the
+    CLI configuration's current context), else the local socket."""
+
+    url: str | None
+    """``unix://``, ``tcp://`` or ``npipe://``; ``None`` is the platform's default socket."""
+    origin: str
+    """Where the address came from, for ``doctor``: ``DOCKER_HOST``, ``Docker context NAME``, ``default``."""
+    tls: TLSConfig | None = None
+    tls_verify: bool = False
+    """Whether the engine's certificate is checked against a CA (``DOCKER_TLS_VERIFY``)."""
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> EngineAddress:
+        """:raises SettingsError: an address we cannot use, or a TLS set-up without its files; never the value."""
+        env = os.environ if environ is None else environ
+        host = env.get("DOCKER_HOST") or None
+        if host is not None:
+            _check_scheme("DOCKER_HOST", host)
+            cert_path = env.get("DOCKER_CERT_PATH") or None
+            verify = bool(env.get("DOCKER_TLS_VERIFY"))  # any non-empty value, as the docker CLI reads it
+            if not (verify or cert_path):
+                return cls(host, "DOCKER_HOST")
+            directory = cert_path or os.path.join(os.path.expanduser("~"), ".docker")
+            missing = [name for name in _TLS_FILES if not os.path.isfile(os.path.join(directory, name))]
+            if missing:
+                raise SettingsError(
+                    "DOCKER_CERT_PATH", f"must be a directory holding ca.pem, cert.pem and key.pem (missing: "
+                    f"{', '.join(missing)})"
+                )  # fmt: skip
+            ca, cert, key = (os.path.join(directory, name) for name in _TLS_FILES)
+            tls = TLSConfig(client_cert=(cert, key), ca_cert=ca, verify=verify)
+            return cls(host, "DOCKER_HOST", tls, verify)
+        name = env.get("DOCKER_CONTEXT") or get_current_context_name()
+        if name == "default":
+            return cls(None, "default")
+        try:
+            context = ContextAPI.get_context(name)
+        except docker.errors.DockerException:
+            context = None
+        if context is None or not context.Host:
+            raise SettingsError(
+                "DOCKER_CONTEXT", "names a Docker context that does not exist (see `docker context ls`)"
+            )
+        _check_scheme(f"the Docker context {name!r}", context.Host)
+        endpoint = cast(dict[str, Any], context.endpoints.get("docker") or {})
+        tls = cast(TLSConfig | None, context.TLSConfig)
+        verify = tls is not None and not endpoint.get("SkipTLSVerify", False)
+        return cls(context.Host, f"Docker context {name}", tls, verify)
+
+    @property
+    def local(self) -> bool:
+        """Whether the engine is reached through a socket of this machine (its files are this machine's)."""
+        return self.url is None or self.url.startswith(("unix://", "npipe://"))
+
+    def described(self) -> str:
+        """The address shown, and where it came from unless it is the default: ``tcp://host:2376 (DOCKER_HOST)``."""
+        return self.shown() if self.origin == "default" else f"{self.shown()} ({self.origin})"
+
+    def shown(self) -> str:
+        """The address without user, password, query or fragment: safe to print and to log."""
+        if self.url is None:
+            return "the default socket"
+        parts = urlsplit(self.url)
+        location = parts.hostname or ""
+        if parts.port is not None:
+            location += f":{parts.port}"
+        return f"{parts.scheme}://{location}{parts.path}"
+
+
+def _check_scheme(variable: str, address: str) -> None:
+    scheme = address.partition("://")[0].lower() if "://" in address else ""
+    if scheme not in ("unix", "tcp", "ssh", "npipe", "http", "https"):
+        raise SettingsError(variable, "must be a unix://, tcp://, ssh:// or npipe:// address")
 
 
 @dataclass(frozen=True)
@@ -57,8 +180,15 @@ class DaemonFacts:
     seccomp: bool
     runtimes: Mapping[str, str] = field(default_factory=dict[str, str])
     """Every container runtime registered with the engine, by name, with the path of its binary as the engine
-    reports it (``runc``: ``runc``; ``runsc``: ``/usr/bin/runsc``)."""
+    reports it (``runc``: ``runc``; ``runsc``: ``/usr/bin/runsc``). On Podman, only the service's own: the one it runs
+    every container under."""
     default_runtime: str = "runc"
+    product: str = "Docker Engine"
+    """What serves the API: ``Docker Engine``, or ``Podman Engine`` (asked of the engine, never guessed)."""
+    version: str = ""
+    operating_system: str = ""
+    clock_offset: float = 0.0
+    """The engine's clock minus this machine's, in seconds, measured when the facts were read."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +223,15 @@ class ContainerFacts:
     id: str
     labels: Mapping[str, str]
     state: str
+    created: float | None
+
+
+@dataclass(frozen=True)
+class VolumeFacts:
+    """A sandbox's tmpfs volume on Podman. ``name`` never leaves core."""
+
+    name: str
+    labels: Mapping[str, str]
     created: float | None
 
 
@@ -158,6 +297,85 @@ def build_create_arguments(
     return create, host_config
 
 
+# -- Podman ---------------------------------------------------------------------------------------------------------
+
+PODMAN_NPROC = 32768
+"""RLIMIT_NPROC of Podman's containers: at or below the hard limit that Podman sets for itself, so a service without
+CAP_SYS_RESOURCE can grant it. It counts a host uid's processes in every container, and the supervisor's uid is every
+sandbox's, so it is high; the PID limit bounds each sandbox."""
+_PODMAN_OWN_TMPFS = ("/run", "/var/tmp")  # noqa: S108 - inside the container
+_SEALED_TMPFS = "ro,noexec,nosuid,nodev,size=4096,mode=0755,notmpcopyup"
+_VOLUME_NAME = re.compile(r"code-sandbox-[0-9a-f]{32}")
+_PAGE_BYTES = 4096
+_BIND_FLAGS = ("rw", "noexec", "nosuid", "nodev")
+_NO_COPY = "nocopy"  # a new volume would otherwise get the image directory's content
+_VOLUME_OPTIONS = ("nr_inodes", "mode", "uid", "gid")
+
+
+@dataclass(frozen=True)
+class TmpfsVolume:
+    """One tmpfs mount of a sandbox as Podman takes it: a tmpfs volume of the local driver, named at random."""
+
+    name: str
+    path: str
+    options: str
+    """The driver's ``o``: the mount options of the tmpfs."""
+    flags: str
+    """The bind's flags."""
+
+    @classmethod
+    def of(cls, path: str, tmpfs_options: str) -> TmpfsVolume:
+        """:raises ValueError: an option with no Podman form (a new hardening option must be mapped here)."""
+        options: list[str] = []
+        flags: list[str] = []
+        for option in tmpfs_options.split(","):
+            key, _, value = option.partition("=")
+            if option in _BIND_FLAGS:
+                flags.append(option)
+            elif key == "size":
+                options.append(f"nr_blocks={-(-int(value) // _PAGE_BYTES)}")
+            elif key in _VOLUME_OPTIONS:
+                options.append(option)
+            else:
+                raise ValueError(f"the tmpfs option {key!r} has no Podman form")
+        options += [flag for flag in flags if flag != "rw"]
+        return cls(f"code-sandbox-{secrets.token_hex(16)}", path, ",".join(options), ",".join([*flags, _NO_COPY]))
+
+    def driver_options(self) -> dict[str, str]:
+        return {"type": "tmpfs", "device": "tmpfs", "o": self.options}
+
+    def bind(self) -> str:
+        return f"{self.name}:{self.path}:{self.flags}"
+
+
+def tmpfs_volumes(request: ContainerRequest) -> list[TmpfsVolume]:
+    return [TmpfsVolume.of(path, options) for path, options in request.hardening.tmpfs(request.uid).items()]
+
+
+def podman_host_config(
+    host_config: Mapping[str, Any], request: ContainerRequest, volumes: Iterable[TmpfsVolume]
+) -> dict[str, Any]:
+    """:func:`build_create_arguments`' host configuration as Podman needs it (the differences above)."""
+    host = {key: value for key, value in host_config.items() if key != "runtime"}
+    host["security_opt"] = request.hardening.security_opt(apparmor=False)
+    host["ulimits"] = [*host_config["ulimits"], Ulimit(name="nproc", soft=PODMAN_NPROC, hard=PODMAN_NPROC)]
+    host["tmpfs"] = dict.fromkeys(_PODMAN_OWN_TMPFS, _SEALED_TMPFS)
+    host["binds"] = [volume.bind() for volume in volumes]
+    return host
+
+
+def _podman_init_missing(exc: docker.errors.APIError) -> bool:
+    return "container-init binary not found" in str(exc.explanation or "")
+
+
+def _no_catatonit() -> SandboxError:
+    return SandboxError(
+        ErrorCode.CONTAINER_START_FAILED,
+        "Podman cannot start sandboxes: it needs catatonit for their init process",
+        hint="install the catatonit package on the Podman host",
+    )
+
+
 def unavailable() -> SandboxError:
     return SandboxError(
         ErrorCode.CONTAINER_UNAVAILABLE,
@@ -192,11 +410,15 @@ class DockerEngine:
         timeout: int = 60,
         labels: Mapping[str, str] | None = None,
         base_url: str | None = None,
+        address: EngineAddress | None = None,
         runtime: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.base_url = base_url
-        """The daemon's address (``unix:///path/docker.sock``); ``None`` reads ``DOCKER_HOST`` and the rest of the
-        environment, as the docker CLI does."""
+        if base_url is not None:
+            address = EngineAddress(base_url, "base_url")
+        self._address = address
+        self.wall_clock = wall_clock
+        """This machine's clock; :meth:`now` corrects it to the engine's."""
         self.timeout = timeout
         """Seconds one API call may take; a container may start this long after its create call began."""
         self.labels: Mapping[str, str] = dict(labels or {})
@@ -212,30 +434,68 @@ class DockerEngine:
         self._api: Any = None
         self._lock = threading.Lock()
         self._daemon: DaemonFacts | None = None
+        self._volumes: dict[str, tuple[str, ...]] = {}
+        """Podman: the tmpfs volumes of each container this engine made, removed with it (even after it removed
+        itself)."""
 
     @classmethod
     def for_settings(cls, settings: Settings, **options: Any) -> DockerEngine:
         """The engine as the operator configured it: their tag on every container, their runtime for every one."""
         return cls(labels=settings.container_labels(), runtime=settings.runtime, **options)
 
-    def is_local(self) -> bool:
-        """Whether the engine is reached over a unix socket on this machine (its files are this machine's)."""
-        address = self.base_url or os.environ.get("DOCKER_HOST") or "unix://"
-        return address.startswith("unix://")
+    @property
+    def address(self) -> EngineAddress:
+        """Where the engine is; read from the environment on first use unless given.
+
+        :raises SettingsError: the environment names an address or TLS set-up that cannot be used.
+        """
+        if self._address is None:
+            self._address = EngineAddress.from_environment()
+        return self._address
 
     def api(self) -> Any:
         with self._lock:
             if self._api is None:
+                address = self.address
                 try:
-                    client = (
-                        docker.from_env(timeout=self.timeout)
-                        if self.base_url is None
-                        else docker.DockerClient(base_url=self.base_url, timeout=self.timeout)
-                    )
-                except (docker.errors.DockerException, *_TRANSPORT_ERRORS):
+                    # A version is given so that the client does not ask the engine before trust_env is off.
+                    api: Any = docker.APIClient(base_url=address.url, tls=address.tls or False, timeout=self.timeout,
+                                           version=docker.constants.MINIMUM_DOCKER_API_VERSION)  # fmt: skip
+                    # The engine is trusted through DOCKER_CERT_PATH alone: requests' environment is not read
+                    # (REQUESTS_CA_BUNDLE would replace the engine's CA; a proxy or .netrc would see its traffic).
+                    api.trust_env = False
+                    # Then the API version the engine speaks, as the client's "auto" finds it.
+                    api._version = str(cast(dict[str, Any], api.version(api_version=False))["ApiVersion"])
+                except paramiko.SSHException:
+                    raise SandboxError(
+                        ErrorCode.CONTAINER_UNAVAILABLE,
+                        "the ssh connection to the Docker engine's host failed",
+                        hint="the host must be in ~/.ssh/known_hosts and accept this user's key; "
+                        "`ssh HOST docker version` must work",
+                    ) from None
+                except requests.exceptions.SSLError:
+                    raise SandboxError(
+                        ErrorCode.CONTAINER_UNAVAILABLE,
+                        "the TLS connection to the Docker engine failed",
+                        hint="DOCKER_CERT_PATH must hold the CA that signed the engine's certificate, and a client "
+                        "certificate the engine accepts (run `code-sandbox doctor`)",
+                    ) from None
+                except (
+                    docker.errors.DockerException,
+                    requests.exceptions.RequestException,
+                    KeyError,
+                    *_TRANSPORT_ERRORS,
+                ):
                     raise unavailable() from None
-                self._api = client.api
+                self._api = api
             return self._api
+
+    def now(self) -> float:
+        """The engine's time (seconds since the epoch): what expiry labels are written and judged in, so that
+        servers on machines whose clocks differ agree on them. This machine's time while the engine is away."""
+        with contextlib.suppress(SandboxError):
+            return self.wall_clock() + self.daemon_facts().clock_offset
+        return self.wall_clock()
 
     def close(self) -> None:
         with self._lock:
@@ -252,15 +512,34 @@ class DockerEngine:
     def daemon_facts(self) -> DaemonFacts:
         if self._daemon is None:
             with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the Docker engine did not describe itself"):
-                info = cast(dict[str, Any], self.api().info())
+                api = self.api()
+                before = self.wall_clock()
+                info = cast(dict[str, Any], api.info())
+                after = self.wall_clock()
+                version = cast(dict[str, Any], api.version())
+            engine_time = _parse_created(info.get("SystemTime"))
+            # The engine read its clock somewhere within the call; its middle is off by at most half the call.
+            offset = engine_time - (before + after) / 2 if engine_time is not None else 0.0
+            components = [cast(dict[str, Any], c) for c in cast(list[object], version.get("Components") or [])
+                          if isinstance(c, dict)]  # fmt: skip
+            podman = next((c for c in components if str(c.get("Name", "")).startswith("Podman")), None)
             options = [str(option) for option in cast(list[object], info.get("SecurityOptions") or [])]
             runtimes = cast(dict[str, Any], info.get("Runtimes") or {})
+            registered = {
+                str(name): str(cast(dict[str, Any], value).get("path") or "") if isinstance(value, dict) else ""
+                for name, value in runtimes.items()
+            }
+            default_runtime = str(info.get("DefaultRuntime") or "runc")
+            if podman is not None:
+                default_runtime, path = self._podman_runtime(podman)
+                registered = {default_runtime: path}
             self._daemon = DaemonFacts(
-                runtimes={
-                    str(name): str(cast(dict[str, Any], value).get("path") or "") if isinstance(value, dict) else ""
-                    for name, value in runtimes.items()
-                },
-                default_runtime=str(info.get("DefaultRuntime") or "runc"),
+                runtimes=registered,
+                default_runtime=default_runtime,
+                product=PODMAN if podman is not None else "Docker Engine",
+                version=_printable(str(version.get("Version") or info.get("ServerVersion") or "")),
+                operating_system=_printable(str(info.get("OperatingSystem") or "")),
+                clock_offset=offset,
                 architecture=_normalise_arch(str(info.get("Architecture", ""))),
                 os_type=str(info.get("OSType", "")),
                 apparmor=any(option.startswith("name=apparmor") for option in options),
@@ -271,7 +550,8 @@ class DockerEngine:
         return self._daemon
 
     def runtime_in_force(self) -> RuntimeFacts:
-        """The runtime every container of this engine runs under: the one asked for, or the engine's default.
+        """The runtime every container of this engine runs under: the one asked for, or the engine's default (on
+        Podman, the service's own runtime, the only one it runs containers under).
 
         :raises SettingsError: the engine has no runtime of the name asked for (the message names those it has).
         """
@@ -367,11 +647,23 @@ class DockerEngine:
                 env_name("runtime"), "names a runtime the Docker engine does not have (run `code-sandbox doctor`)"
             ) from None
         create_kwargs, host_kwargs = build_create_arguments(request, start=start, runtime=runtime)
+        podman = self._podman()
+        volumes = tmpfs_volumes(request) if podman else []
         try:
+            if podman:
+                self._create_volumes(volumes, create_kwargs["labels"])
+                host_kwargs = podman_host_config(host_kwargs, request, volumes)
             with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
                 host_config = api.create_host_config(**host_kwargs)
-                created = cast(dict[str, Any], api.create_container(**create_kwargs, host_config=host_config))
+                try:
+                    created = cast(dict[str, Any], api.create_container(**create_kwargs, host_config=host_config))
+                except docker.errors.APIError as exc:
+                    if podman and _podman_init_missing(exc):
+                        raise _no_catatonit() from None
+                    raise
                 container_id = str(created["Id"])
+            if volumes:
+                self._volumes[container_id] = tuple(volume.name for volume in volumes)
             if before_start is not None:
                 before_start(container_id)
             if start:
@@ -379,9 +671,11 @@ class DockerEngine:
                     api.start(container_id)
             return container_id
         except BaseException:
-            if container_id is not None:
-                with contextlib.suppress(SandboxError):
+            with contextlib.suppress(SandboxError):
+                if container_id is not None:
                     self.remove_container(container_id)
+                else:
+                    self._remove_volumes(volume.name for volume in volumes)
             raise
 
     def signal_container(self, container_id: str, signal: str) -> None:
@@ -390,7 +684,7 @@ class DockerEngine:
             try:
                 self.api().kill(container_id, signal=signal)
             except docker.errors.APIError as exc:
-                if exc.status_code in (404, 409):  # gone, or not running
+                if self._not_running(exc):
                     raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone") from None
                 raise
 
@@ -400,7 +694,19 @@ class DockerEngine:
             self.api().start(container_id)
 
     def remove_container(self, container_id: str) -> bool:
-        """Force-remove a container. Returns ``False`` when Docker says it is already gone."""
+        """Force-remove a container (on Podman, and its tmpfs volumes). Returns ``False`` when Docker says it is
+        already gone."""
+        if not self._podman():
+            return self._remove_container(container_id)
+        volumes = self._volumes.get(container_id)
+        if volumes is None:
+            volumes = self._volumes_of(container_id)
+        removed = self._remove_container(container_id)
+        self._remove_volumes(volumes)
+        self._volumes.pop(container_id, None)
+        return removed
+
+    def _remove_container(self, container_id: str) -> bool:
         with _translate(ErrorCode.CONTAINER_REMOVAL_FAILED, "the sandbox container could not be removed"):
             try:
                 self.api().remove_container(container_id, force=True)
@@ -492,6 +798,7 @@ class DockerEngine:
         max_stderr: int = 1024 * 1024,
         on_stderr: Callable[[bytes], None] | None = None,
         exit_code: bool = True,
+        repeatable: bool = False,
     ) -> ExecResult:
         """Run ``argv`` in the container (no shell, no TTY) and collect its output within ``timeout`` seconds.
 
@@ -499,11 +806,41 @@ class DockerEngine:
         ``max_stdout``/``max_stderr`` is a protocol violation (our helpers never produce it) and fails the call.
         ``on_stderr`` receives stderr chunks as they arrive (the runner's progress lines). ``exit_code=False``
         skips the ``exec_inspect`` round trip for callers that judge the output alone (the helpers' one-line answer).
+        ``repeatable`` says that running the command twice does no harm (a query, a kill-all): on Podman, whose exec
+        API can lose a short command's whole output when busy (exit 0, nothing on either stream), such a command
+        without stdin runs again, up to :data:`PODMAN_LOST_OUTPUT_RETRIES` times.
 
         :raises SandboxError: ``TIMEOUT`` when the deadline passes, ``TRANSFER_FAILED`` when the stream breaks,
             ``CONTAINER_UNAVAILABLE`` when the container or daemon is gone.
         """
         deadline = time.monotonic() + timeout
+        retries = PODMAN_LOST_OUTPUT_RETRIES if repeatable and stdin is None and self._podman() else 0
+        while True:
+            result, exec_id = self._exec_once(
+                container_id, argv, user=user, stdin=stdin, deadline=deadline, max_stdout=max_stdout,
+                max_stderr=max_stderr, on_stderr=on_stderr, exit_code=exit_code,
+            )  # fmt: skip
+            if not retries or result.stdout or result.stderr:
+                return result
+            code = result.exit_code if exit_code else self._exec_exit_code(exec_id, deadline)
+            if code != 0:
+                return result
+            retries -= 1
+            logger.debug("the engine lost an exec's output; running it again")
+
+    def _exec_once(
+        self,
+        container_id: str,
+        argv: list[str],
+        *,
+        user: str,
+        stdin: Iterable[bytes] | None,
+        deadline: float,
+        max_stdout: int,
+        max_stderr: int,
+        on_stderr: Callable[[bytes], None] | None,
+        exit_code: bool,
+    ) -> tuple[ExecResult, str]:
         exec_id, attached, raw = self._start_exec(container_id, argv, user=user, stdin=stdin is not None)
         try:
             if stdin is not None:
@@ -515,13 +852,9 @@ class DockerEngine:
                         raw.shutdown(socket.SHUT_WR)
             stdout, stderr = _read_frames(raw, deadline, max_stdout, max_stderr, on_stderr)
         finally:
-            # SocketIO.close() leaves the socket it wraps open; close both.
-            with contextlib.suppress(OSError):
-                attached.close()
-            with contextlib.suppress(OSError):
-                raw.close()
+            _close_stream(attached, raw)
         code = self._exec_exit_code(exec_id, deadline) if exit_code else None
-        return ExecResult(exit_code=code, stdout=stdout, stderr=stderr)
+        return ExecResult(exit_code=code, stdout=stdout, stderr=stderr), exec_id
 
     def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
         """Start ``argv`` in the container with its stdin held open: requests go in, answers come back one line at
@@ -555,14 +888,118 @@ class DockerEngine:
                         ),
                     )["Id"]
                 )
-            except docker.errors.NotFound:
-                raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone") from None
             except docker.errors.APIError as exc:
-                if exc.status_code == 409:  # container not running
+                if self._not_running(exc):
                     raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone") from None
                 raise
             attached = api.exec_start(exec_id, socket=True)
         return exec_id, attached, cast(socket.socket, getattr(attached, "_sock", attached))
+
+    # -- Podman -------------------------------------------------------------------------------------------------
+
+    def _podman(self) -> bool:
+        return self.daemon_facts().product == PODMAN
+
+    def _not_running(self, exc: docker.errors.APIError) -> bool:
+        """Whether the container is gone (404) or not running (Docker: 409; Podman: 500 "container state
+        improper")."""
+        if exc.status_code in (404, 409):
+            return True
+        return exc.status_code == 500 and self._podman() and "container state improper" in str(exc.explanation or "")
+
+    def _podman_runtime(self, podman: Mapping[str, Any]) -> tuple[str, str]:
+        """The service's own OCI runtime (name, binary): the one every container of it runs under."""
+        details = cast(dict[str, Any], podman.get("Details") or {})
+        version = str(details.get("APIVersion") or podman.get("Version") or "")
+        if not re.fullmatch(r"[0-9][0-9A-Za-z.-]{0,31}", version):
+            raise unavailable()
+        api = self.api()
+        with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the Docker engine did not describe itself"):
+            info = cast(dict[str, Any], api._result(api._get(f"{api.base_url}/v{version}/libpod/info"), json=True))
+        runtime = cast(dict[str, Any], cast(dict[str, Any], info.get("host") or {}).get("ociRuntime") or {})
+        name = str(runtime.get("name") or "")
+        if not name:
+            raise unavailable()
+        return name, str(runtime.get("path") or "")
+
+    def _create_volumes(self, volumes: Iterable[TmpfsVolume], labels: Mapping[str, str]) -> None:
+        api = self.api()
+        with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
+            for volume in volumes:
+                api.create_volume(volume.name, driver="local", driver_opts=volume.driver_options(), labels=dict(labels))
+
+    def _volumes_of(self, container_id: str) -> tuple[str, ...]:
+        """The tmpfs volumes a container of another engine object (or process) mounts."""
+        with _translate(ErrorCode.CONTAINER_REMOVAL_FAILED, "the sandbox container could not be removed"):
+            try:
+                data = cast(dict[str, Any], self.api().inspect_container(container_id))
+            except docker.errors.NotFound:
+                return ()
+        mounts = [cast(dict[str, Any], m) for m in cast(list[object], data.get("Mounts") or []) if isinstance(m, dict)]
+        names = (str(mount.get("Name") or "") for mount in mounts if mount.get("Type") == "volume")
+        return tuple(name for name in names if _VOLUME_NAME.fullmatch(name))
+
+    def _remove_volumes(self, names: Iterable[str], *, wait: float = 5) -> None:
+        """Remove volumes (never with ``force``, which on Podman removes the containers using them too); one still
+        held by a container being removed is waited for, ``wait`` seconds at most."""
+        api = self.api()
+        deadline = time.monotonic() + wait
+        for name in names:
+            with _translate(ErrorCode.CONTAINER_REMOVAL_FAILED, "the sandbox container could not be removed"):
+                while True:
+                    try:
+                        api.remove_volume(name)
+                    except docker.errors.NotFound:
+                        pass
+                    except docker.errors.APIError as exc:
+                        if exc.status_code != 409 or time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.05)
+                        continue
+                    break
+
+    def sandbox_volumes(self, *, tag: str | None = None, unused: bool = False) -> list[VolumeFacts]:
+        """Podman: the tmpfs volumes of managed sandboxes (of ``tag``'s servers, when given; ``unused``: only those
+        that no container uses). None elsewhere: no other engine gets volumes."""
+        if not self._podman():
+            return []
+        filters: dict[str, Any] = {"label": f"{LABEL_MANAGED}=true"}  # one label: Podman ORs several
+        if unused:
+            filters["dangling"] = True
+        with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the Docker engine could not list sandbox volumes"):
+            answer = cast(dict[str, Any], self.api().volumes(filters=filters))
+        rows = [cast(dict[str, Any], r) for r in cast(list[object], answer.get("Volumes") or []) if isinstance(r, dict)]
+        volumes = [
+            VolumeFacts(
+                name=str(row.get("Name") or ""),
+                labels={str(k): str(v) for k, v in cast(dict[str, Any], row.get("Labels") or {}).items()},
+                created=_parse_created(row.get("CreatedAt")),
+            )
+            for row in rows
+        ]
+        return [
+            volume
+            for volume in volumes
+            if _VOLUME_NAME.fullmatch(volume.name)
+            and volume.labels.get(LABEL_MANAGED) == "true"
+            and (tag is None or volume.labels.get(LABEL_TAG) == tag)
+        ]
+
+    def remove_leftover_volumes(self, *, tag: str | None = None, grace: float) -> int:
+        """Podman: remove the sandbox volumes (of ``tag``'s servers, when given) that no container uses and that are
+        older than ``grace`` seconds: left by a container that removed itself, or by a crash. A younger one may be
+        another server's, made a moment before its container. Returns how many could not be removed."""
+        volumes = self.sandbox_volumes(tag=tag, unused=True)
+        now = self.now()  # after the listing: a volume made since is not in it
+        failures = 0
+        for volume in volumes:
+            if volume.created is None or now - volume.created < grace:
+                continue
+            try:
+                self._remove_volumes([volume.name], wait=0)
+            except SandboxError:
+                failures += 1
+        return failures
 
     def _exec_exit_code(self, exec_id: str, deadline: float) -> int | None:
         # The attach stream can end a moment before the daemon records the exit; poll briefly.
@@ -712,8 +1149,15 @@ class HeldExec:
         self.closed = True
         with contextlib.suppress(OSError):
             self._raw.shutdown(socket.SHUT_RDWR)  # wakes a read in another thread, which then sees the end
-        for closable in (self._attached, self._raw):
-            with contextlib.suppress(OSError):
+        _close_stream(self._attached, self._raw)
+
+
+def _close_stream(attached: Any, raw: socket.socket) -> None:
+    """Close an exec's attach stream for good. SocketIO.close() leaves the socket it wraps open, so both close; over
+    TLS the SDK hangs the HTTP response on the socket, and its file object holds the socket open until it closes."""
+    for closable in (attached, raw, getattr(raw, "_response", None)):
+        if closable is not None:
+            with contextlib.suppress(Exception):  # a response's close may raise what its transport raises
                 closable.close()
 
 
@@ -751,17 +1195,23 @@ def _normalise_arch(name: str) -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(name, name)
 
 
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+
+
 def _parse_created(value: object) -> float | None:
-    if not isinstance(value, str) or not value:
+    """Seconds since the epoch from the engine's RFC 3339 time with up to nanoseconds, e.g.
+    ``2026-12-02T15:48:04.123456789Z`` (Docker) or ``2026-12-02T16:48:04.1+01:00`` (Podman); ``None`` otherwise."""
+    match = _RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
         return None
-    # Docker gives RFC 3339 with nanoseconds, e.g. 2026-12-02T15:48:04.123456789Z.
-    text = value.rstrip("Z")
-    main, _, fraction = text.partition(".")
+    main, fraction, zone = match.groups()
     try:
-        parsed = datetime.fromisoformat(main + "+00:00")
+        parsed = datetime.fromisoformat(main + ("+00:00" if zone == "Z" else zone))
     except ValueError:
         return None
-    seconds = parsed.timestamp()
-    if fraction.isdigit():
-        seconds += float("0." + fraction[:6])
-    return seconds
+    return parsed.timestamp() + (float("0." + fraction) if fraction else 0.0)
+
+
+def _printable(text: str, limit: int = 80) -> str:
+    """Engine text for ``doctor``'s table: printable ASCII only, and short."""
+    return "".join(ch for ch in text if " " <= ch <= "~")[:limit]

@@ -37,6 +37,7 @@ LABEL_EXPIRES_AT = LABEL_PREFIX + "expires-at"
 LABEL_SESSION = LABEL_PREFIX + "session"  # the session's hash, or "pool" for a warm container
 LABEL_UID = LABEL_PREFIX + "uid"  # the sandbox uid; no two live containers on one engine may share it
 LABEL_TAG = LABEL_PREFIX + "tag"  # the operator's CODE_SANDBOX_TAG, when set
+LABEL_HOST = LABEL_PREFIX + "host"  # the name of the machine whose server made it, for `reap`
 LABEL_RUNTIME = LABEL_PREFIX + "runtime"  # the engine's container runtime it runs under (runc, runsc)
 
 ENVIRONMENT: Mapping[str, str] = {

@@ -14,10 +14,10 @@ import hashlib
 import io
 import json
 import os
+import platform
 import re
 import stat
 import tarfile
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -95,6 +95,13 @@ def build_offline_image(
             ErrorCode.IMAGE_BUILD_FAILED,
             "the Docker engine does not run Linux containers",
             hint="switch Docker Desktop to Linux containers",
+        )
+    here = _MACHINES.get(platform.machine().lower(), platform.machine().lower())
+    if here != daemon.architecture:  # the image's libraries are this machine's
+        raise SandboxError(
+            ErrorCode.IMAGE_BUILD_FAILED,
+            f"the Docker engine runs {daemon.architecture} but this machine is {here}",
+            hint="run build-image on a Linux machine of the engine's architecture (it may be the engine's host)",
         )
     progress("collecting the runtime and helpers")
     contents = profile.image_contents(runtime)
@@ -233,7 +240,7 @@ def verification_key(engine: DockerEngine, profile: Profile, image_id: str) -> s
         "helpers": sorted(spec.helper_digests.items()),
         "runtime": [spec.runtime_path, spec.runtime_version_label, *spec.runtime_version_argv],
         "forbidden": sorted(spec.forbidden_names),
-        "engine": [engine.base_url or os.environ.get("DOCKER_HOST", ""), daemon.architecture, daemon.os_type,
+        "engine": [engine.address.shown(), daemon.product, daemon.architecture, daemon.os_type,
                    daemon.apparmor, daemon.seccomp, engine.runtime_in_force().name],
     }  # fmt: skip
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
@@ -317,7 +324,9 @@ def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | Non
 def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, report: VerifyReport) -> None:
     expected, runtime_path = spec.helper_digests, spec.runtime_path
     forbidden_names = FORBIDDEN_NAMES | spec.forbidden_names
-    request = ContainerRequest(image_id=image.id, command=["/nonexistent"], labels=_probe_labels(), apparmor=False)
+    request = ContainerRequest(
+        image_id=image.id, command=["/nonexistent"], labels=_probe_labels(engine), apparmor=False
+    )
     container_id = engine.create_container(request, start=False)
     forbidden: set[str] = set()
     helpers: dict[str, tuple[str | None, int, int]] = {}
@@ -397,12 +406,15 @@ class _TreeCheck:
             report.add("package set", True, f"{len(packages)} packages; the tree under {self.root} matches")
 
 
+_MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
+"""``platform.machine()`` names as the engine reports architectures (Docker normalised)."""
+
 _VERSION_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
 
 
-def _probe_labels() -> dict[str, str]:
-    """Probe containers are managed and already due, so a sweep removes any that a crash left behind."""
-    return {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(time.time()) + 60)}
+def _probe_labels(engine: DockerEngine) -> dict[str, str]:
+    """Probe containers are managed and due within a minute, so a sweep removes any that a crash left behind."""
+    return {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(engine.now()) + 60)}
 
 
 def _verify_run(
@@ -410,7 +422,7 @@ def _verify_run(
 ) -> None:
     spec = profile.image_spec()
     watchdog = [*profile.helper_argv("watchdog"), "60"]
-    request = ContainerRequest(image_id=image.id, command=watchdog, labels=_probe_labels(), apparmor=apparmor)
+    request = ContainerRequest(image_id=image.id, command=watchdog, labels=_probe_labels(engine), apparmor=apparmor)
     try:
         container_id = engine.create_container(request)
     except SandboxError:
@@ -418,7 +430,12 @@ def _verify_run(
         return
     try:
         result = engine.exec(
-            container_id, list(spec.runtime_version_argv), user=user_of(PROBE_UID), timeout=30, max_stdout=4096
+            container_id,
+            list(spec.runtime_version_argv),
+            user=user_of(PROBE_UID),
+            timeout=30,
+            max_stdout=4096,
+            repeatable=True,
         )
     except SandboxError as exc:
         report.add("hardened run", False, f"the runtime did not run ({exc.code})")

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import secrets
+import socket
 import stat
 import sys
 from collections.abc import Collection
@@ -25,6 +26,11 @@ SERVERS_DIR = "servers"
 _OWNER = re.compile(r"[0-9a-f]{16}")
 _MARKER_NAME = re.compile(r"([0-9a-f]{16})\.lock")
 _ACQUIRE_ATTEMPTS = 3
+
+
+def machine_name() -> str:
+    """This machine's host name as a server's containers record it: letters, digits, '.' and '-' only, at most 63."""
+    return re.sub(r"[^A-Za-z0-9.-]", "", socket.gethostname())[:63] or "unknown"
 
 
 def default_state_dir() -> Path:

@@ -9,7 +9,6 @@ import contextlib
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple, TypeVar
@@ -21,6 +20,7 @@ from code_sandbox.engine import DaemonFacts, DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
+    LABEL_HOST,
     LABEL_MANAGED,
     LABEL_OWNER,
     LABEL_PROFILE,
@@ -31,6 +31,7 @@ from code_sandbox.hardening import (
     user_of,
 )
 from code_sandbox.image import VerifiedImages, verification_key, verify_image
+from code_sandbox.liveness import machine_name
 from code_sandbox.package_sets import packages_of
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import ReadyAnswer
@@ -113,8 +114,9 @@ class Provisioner:
         session_seconds = self.settings.max_lifetime + WATCHDOG_GRACE_SECONDS
         watchdog = [*self.profile.helper_argv("watchdog")]
         # The label is written before the create call, and the container may start as late as the engine's
-        # timeout after it: the margin keeps another server's sweep from taking a live session for expired.
-        latest_end = int(time.time()) + session_seconds + self.engine.timeout
+        # timeout after it: the margin keeps another server's sweep from taking a live session for expired. In the
+        # engine's time, which every server sharing the engine reads alike.
+        latest_end = int(self.engine.now()) + session_seconds + self.engine.timeout
         if pool_seconds is None:
             watchdog.append(str(session_seconds))
         else:
@@ -128,6 +130,7 @@ class Provisioner:
                 labels={
                     LABEL_MANAGED: "true",
                     LABEL_OWNER: self.owner,
+                    LABEL_HOST: machine_name(),
                     LABEL_PROFILE: self.profile.name,
                     LABEL_EXPIRES_AT: str(latest_end),
                     LABEL_SESSION: label_session,

@@ -7,7 +7,6 @@ server whose liveness marker (:mod:`code_sandbox.liveness`) shows that it stoppe
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,8 @@ from code_sandbox.liveness import prune_stopped_servers
 logger = logging.getLogger(__name__)
 
 CREATED_GRACE_SECONDS = 60
-"""A created, never-started container younger than this may be another server's create or image probe."""
+"""A created, never-started container younger than this may be another server's create or image probe; so may a
+volume that no container uses yet."""
 
 OwnerState = Literal["live", "dead", "unknown"]
 OwnerAlive = Callable[[str], bool | None]
@@ -92,7 +92,7 @@ def survey_managed(
         treats every owner as unknown.
     :param tag: judge only the containers of servers with this ``CODE_SANDBOX_TAG``.
     """
-    now = time.time()
+    now = engine.now()  # expiry labels are in the engine's time, and so are creation times
     labels = [f"{LABEL_MANAGED}=true", *([f"{LABEL_TAG}={tag}"] if tag is not None else [])]
     containers = engine.list_containers(*labels)  # before the liveness checks, never after
     owner_alive = _cached_liveness(state_dir) if state_dir is not None else _unknown
@@ -111,7 +111,8 @@ def apply_verdicts(
     everything: bool = False,
     dry_run: bool = False,
 ) -> list[Action]:
-    """Remove the containers the verdicts call garbage (``everything``: all of them), then forget the markers of
+    """Remove the containers the verdicts call garbage (``everything``: all of them) and the volumes that no container
+    uses any more (Podman's tmpfs volumes, :meth:`DockerEngine.remove_leftover_volumes`), then forget the markers of
     stopped servers with nothing left (:func:`forget_stopped_servers`). A dry run changes nothing.
 
     :return: what happened to each container, in the verdicts' order.
@@ -131,6 +132,14 @@ def apply_verdicts(
             else:
                 removed.add(verdict.container.id)
                 actions.append("removed")
+    if not dry_run:
+        try:
+            failures = engine.remove_leftover_volumes(tag=tag, grace=CREATED_GRACE_SECONDS)
+        except SandboxError as error:
+            logger.warning("could not list leftover sandbox volumes (%s)", error.code)
+        else:
+            if failures:
+                logger.warning("%d leftover sandbox volume(s) could not be removed; the next sweep retries", failures)
     if state_dir is not None and not dry_run:
         forget_stopped_servers(engine, state_dir, verdicts, removed=removed, tag=tag)
     return actions

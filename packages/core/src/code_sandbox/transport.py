@@ -277,10 +277,11 @@ class DockerTransport(Transport):
         max_stderr: int,
         on_stderr: StderrSink | None,
     ) -> ExecResult:
-        """The raw exec; fault tests override it to corrupt what a real helper said."""
+        """The raw exec; fault tests override it to corrupt what a real helper said. A helper call without stdin
+        (the kill-all, the watchdog check) is a query or idempotent, so it may run again if its answer was lost."""
         return self.engine.exec(
             target.container, argv, user=target.user, stdin=stdin, timeout=timeout, max_stdout=max_stdout,
-            max_stderr=max_stderr, on_stderr=on_stderr,
+            max_stderr=max_stderr, on_stderr=on_stderr, repeatable=stdin is None,
         )  # fmt: skip
 
 

@@ -1,0 +1,234 @@
+"""Sandboxes on Podman's Docker-compatible API, on a Podman service of this module's own: the workspace and scratch
+mounts keep their bounds, owner and flags although Podman's tmpfs options cannot say them, Podman's own writable
+mounts are sealed, the volumes that carry the tmpfs mounts go with their container (or with a sweep), the runtime
+reported is the one Podman uses, and a stopped container is reported as gone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from code_sandbox import sweep
+from code_sandbox.engine import DockerEngine, ExecResult
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hardening import LABEL_MANAGED, LABEL_RUNTIME, ContainerRequest, user_of
+from code_sandbox.profile import Profile
+from code_sandbox.provisioner import draw_uid
+from code_sandbox.settings import SettingsError
+from code_sandbox.sweep import sweep_managed
+
+from tests.conftest import TEST_LABEL
+from tests.support.engines import podman_engine
+from tests.support.run import command_env, worker_tag
+from tests.support.second_engine import load_image
+from tests.test_server import CLI
+
+pytestmark = [pytest.mark.docker]
+MiB = 1024 * 1024
+TAG = worker_tag("podman")
+
+
+@pytest.fixture(scope="module")
+def podman(engine: DockerEngine, image_id: str) -> Iterator[DockerEngine]:
+    """A Podman service of this module's own, holding the shared engine's verified image."""
+    for podman in podman_engine(TAG):
+        load_image(engine, podman, image_id)
+        yield podman
+
+
+def _create(
+    podman: DockerEngine, image_id: str, profile: Profile, *, lifetime: int = 60, start: bool = True
+) -> tuple[int, str]:
+    """A hardened container with a sandbox uid of its own, running the watchdog for ``lifetime`` seconds."""
+    uid = draw_uid()
+    labels = {LABEL_MANAGED: "true", TEST_LABEL: "1"}
+    request = ContainerRequest(image_id, [*profile.helper_argv("watchdog"), str(lifetime)], labels, False, uid)
+    return uid, podman.create_container(request, start=start)
+
+
+def _node(podman: DockerEngine, container_id: str, uid: int, script: str) -> dict[str, Any]:
+    argv = ["/usr/local/bin/node", "-e", script]
+    result = podman.exec(container_id, argv, user=user_of(uid), timeout=30, max_stdout=MiB)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _wait_until_gone(podman: DockerEngine, *container_ids: str) -> None:
+    deadline = time.monotonic() + 30
+    while any(podman.container_facts(container_id) is not None for container_id in container_ids):
+        assert time.monotonic() < deadline, "the container did not remove itself"
+        time.sleep(0.1)
+
+
+_MOUNTS = """
+const fs = require('fs'), cp = require('child_process');
+const table = fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\\n').map((line) => line.split(' '));
+const out = {};
+for (const dir of DIRS) {
+  const fields = table.find((f) => f[4] === dir) || [];
+  const tail = fields.slice(fields.indexOf('-') + 1);
+  const stat = fs.statSync(dir), size = fs.statfsSync(dir);
+  let write = 'ok', exec = 'ran';
+  try { fs.writeFileSync(dir + '/run', '#!/usr/local/bin/node\\n', { mode: 0o755 }) } catch (e) { write = e.code }
+  try { cp.execFileSync(dir + '/run') } catch (e) { exec = e.code }
+  out[dir] = { type: tail[0], flags: (fields[5] || '').split(','), options: (tail[2] || '').split(','),
+               uid: stat.uid, gid: stat.gid, mode: stat.mode & 0o7777, bytes: size.blocks * size.bsize,
+               inodes: size.files, write, exec };
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_the_workspace_and_tmp_are_bounded_private_noexec_tmpfs_mounts_of_the_sandbox_uid(
+    podman: DockerEngine, image_id: str, profile: Profile
+) -> None:
+    uid, container_id = _create(podman, image_id, profile)
+    try:
+        seen = _node(podman, container_id, uid, _MOUNTS.replace("DIRS", '["/workspace", "/tmp"]'))
+    finally:
+        podman.remove_container(container_id)
+    for mount in seen.values():
+        assert mount["type"] == "tmpfs"
+        assert {"noexec", "nosuid", "nodev"} <= set(mount["flags"])
+        assert {"nr_inodes=8192", "mode=700", f"uid={uid}", f"gid={uid}"} <= set(mount["options"])
+        assert (mount["uid"], mount["gid"], mount["mode"]) == (uid, uid, 0o700)
+        assert (mount["bytes"], mount["inodes"]) == (64 * MiB, 8192)
+        assert (mount["write"], mount["exec"]) == ("ok", "EACCES")
+
+
+def test_podmans_own_run_and_var_tmp_mounts_are_read_only_and_tiny(
+    podman: DockerEngine, image_id: str, profile: Profile
+) -> None:
+    uid, container_id = _create(podman, image_id, profile)
+    try:
+        seen = _node(podman, container_id, uid, _MOUNTS.replace("DIRS", '["/run", "/var/tmp"]'))
+    finally:
+        podman.remove_container(container_id)
+    for mount in seen.values():
+        assert {"ro", "noexec", "nosuid", "nodev"} <= set(mount["flags"])
+        assert (mount["write"], mount["bytes"]) == ("EROFS", 4096)
+
+
+def test_a_sandboxs_volumes_go_with_it_however_it_ends_and_a_sweep_removes_leftovers(
+    podman: DockerEngine, image_id: str, profile: Profile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert podman.sandbox_volumes(tag=TAG) == []
+    _, removed = _create(podman, image_id, profile)
+    _, by_another = _create(podman, image_id, profile)
+    _, by_itself = _create(podman, image_id, profile, lifetime=1)
+    crashed = DockerEngine(address=podman.address, labels=podman.labels)  # a server that dies now
+    _, orphan = _create(crashed, image_id, profile, lifetime=1)
+    crashed.close()
+    assert len(podman.sandbox_volumes(tag=TAG)) == 8  # /workspace and /tmp of each
+    assert podman.remove_container(removed) is True
+    other = DockerEngine(address=podman.address)
+    try:
+        assert other.remove_container(by_another) is True  # it learns the volumes from the container
+    finally:
+        other.close()
+    _wait_until_gone(podman, by_itself, orphan)
+    assert len(podman.sandbox_volumes(tag=TAG, unused=True)) == 4
+    assert podman.remove_container(by_itself) is False  # gone already; its volumes go now
+    assert len(podman.sandbox_volumes(tag=TAG)) == 2
+    sweep_managed(podman, max_lifetime=600, tag=TAG)
+    assert len(podman.sandbox_volumes(tag=TAG)) == 2  # young: it may be another server's, about to be used
+    monkeypatch.setattr(sweep, "CREATED_GRACE_SECONDS", 0)
+    sweep_managed(podman, max_lifetime=600, tag=TAG)
+    assert podman.sandbox_volumes(tag=TAG) == []
+
+
+def test_the_runtime_in_force_is_the_one_podman_runs_and_no_other_is_accepted(
+    podman: DockerEngine, image_id: str, profile: Profile
+) -> None:
+    runtime = podman.runtime_in_force()
+    assert podman.daemon_facts().runtimes == {runtime.name: runtime.path}
+    assert Path(runtime.path).is_file() and not runtime.user_space_kernel
+    _, container_id = _create(podman, image_id, profile, start=False)
+    try:
+        labels = podman.inspect_container_raw(container_id)["Config"]["Labels"]
+    finally:
+        podman.remove_container(container_id)
+    assert labels[LABEL_RUNTIME] == runtime.name
+    for other in ("runsc", "kata", "runc" if runtime.name != "runc" else "crun"):  # Podman's info lists them
+        asking = DockerEngine(address=podman.address, runtime=other)
+        try:
+            with pytest.raises(SettingsError):
+                asking.runtime_in_force()
+        finally:
+            asking.close()
+
+
+def test_an_exec_or_a_signal_on_a_stopped_container_is_container_unavailable(
+    podman: DockerEngine, image_id: str, profile: Profile
+) -> None:
+    uid, container_id = _create(podman, image_id, profile, lifetime=1, start=False)
+    try:
+        podman.start_container(container_id)  # started apart: it does not remove itself
+        deadline = time.monotonic() + 30
+        while (facts := podman.container_facts(container_id)) is not None and facts.state == "running":
+            assert time.monotonic() < deadline, "the watchdog did not stop the container"
+            time.sleep(0.1)
+        for call in (
+            lambda: podman.exec(container_id, ["/usr/local/bin/node", "-e", "0"], user=user_of(uid), timeout=10,
+                                max_stdout=10),
+            lambda: podman.signal_container(container_id, "SIGUSR2"),
+        ):  # fmt: skip
+            with pytest.raises(SandboxError) as caught:
+                call()
+            assert (caught.value.code, caught.value.message) == (
+                ErrorCode.CONTAINER_UNAVAILABLE,
+                "the sandbox container is gone",  # not "not available": the engine answered, about this container
+            )
+    finally:
+        podman.remove_container(container_id)
+
+
+def test_doctor_names_podman_and_passes_its_hardening_and_image(
+    podman: DockerEngine, image_id: str, profile: Profile
+) -> None:
+    podman.tag_image(image_id, profile.image_spec().tag)
+    environment = {key: value for key, value in command_env(audit_enabled="false").items()
+                   if not key.startswith("DOCKER_")}  # fmt: skip
+    environment["DOCKER_HOST"] = str(podman.address.url)
+    result = subprocess.run([CLI, "doctor"], env=environment, capture_output=True, text=True, timeout=180, check=False)
+    rows = {line[6:26].strip(): line[:4] + " " + line[26:]
+            for line in result.stdout.splitlines() if line[:4] in ("PASS", "FAIL")}  # fmt: skip
+    assert rows["docker"].startswith("PASS Podman Engine 4.") and "(DOCKER_HOST)" in rows["docker"], result.stdout
+    assert "tls" not in rows  # a local socket
+    assert all(row.startswith("PASS") for row in rows.values()), result.stdout
+
+
+class _LosesFirstOutput(DockerEngine):
+    """Podman's exec API losing a short command's whole output once, as it does now and then when busy (measured:
+    6 of 60 under load): a fault it cannot be made to show on demand."""
+
+    def __init__(self, podman: DockerEngine) -> None:
+        super().__init__(address=podman.address, labels=podman.labels)
+        self.runs = 0
+
+    def _exec_once(self, *args: Any, **kwargs: Any) -> tuple[ExecResult, str]:
+        self.runs += 1
+        result, exec_id = super()._exec_once(*args, **kwargs)
+        return (ExecResult(0, b"", b""), exec_id) if self.runs == 1 else (result, exec_id)
+
+
+@pytest.mark.parametrize("repeatable", [True, False])
+def test_a_repeatable_exec_whose_output_podman_lost_runs_again_and_no_other_does(
+    podman: DockerEngine, image_id: str, profile: Profile, repeatable: bool
+) -> None:
+    uid, container_id = _create(podman, image_id, profile)
+    losing = _LosesFirstOutput(podman)
+    try:
+        result = losing.exec(
+            container_id, ["/usr/local/bin/node", "--version"], user=user_of(uid), timeout=30, max_stdout=4096,
+            repeatable=repeatable,
+        )  # fmt: skip
+    finally:
+        losing.close()
+        podman.remove_container(container_id)
+    assert (result.stdout, losing.runs) == ((b"v22.20.0\n", 2) if repeatable else (b"", 1))
