@@ -138,6 +138,7 @@ def test_a_sandboxs_volumes_go_with_it_however_it_ends_and_a_sweep_removes_lefto
     sweep_managed(podman, max_lifetime=600, tag=TAG)
     assert len(podman.sandbox_volumes(tag=TAG)) == 2  # young: it may be another server's, about to be used
     monkeypatch.setattr(sweep, "CREATED_GRACE_SECONDS", 0)
+    monkeypatch.setattr(podman, "timeout", 0)  # the grace also covers a create as slow as the engine's timeout
     sweep_managed(podman, max_lifetime=600, tag=TAG)
     assert podman.sandbox_volumes(tag=TAG) == []
 
@@ -232,3 +233,26 @@ def test_a_repeatable_exec_whose_output_podman_lost_runs_again_and_no_other_does
         losing.close()
         podman.remove_container(container_id)
     assert (result.stdout, losing.runs) == ((b"v22.20.0\n", 2) if repeatable else (b"", 1))
+
+
+class _SweptBeforeCreate(DockerEngine):
+    """A peer's sweep removing a sandbox's volumes between their creation and its container's create: a race."""
+
+    def _create_volumes(self, volumes: Any, labels: Any) -> None:
+        volumes = list(volumes)
+        super()._create_volumes(volumes, labels)
+        self._remove_volumes(volume.name for volume in volumes)
+
+
+def test_a_sandbox_whose_volumes_were_swept_before_its_create_is_refused_and_leaves_nothing(
+    podman: DockerEngine, image_id: str, profile: Profile
+) -> None:
+    racing = _SweptBeforeCreate(address=podman.address, labels=podman.labels)
+    try:
+        with pytest.raises(SandboxError) as caught:
+            _create(racing, image_id, profile)  # Podman would mount plain directories of the same names
+    finally:
+        racing.close()
+    assert caught.value.code == ErrorCode.CONTAINER_START_FAILED
+    assert podman.list_containers(f"{TEST_LABEL}=1") == []
+    assert podman.sandbox_volumes(tag=TAG) == []

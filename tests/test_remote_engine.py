@@ -19,7 +19,16 @@ import pytest
 from code_sandbox.engine import DaemonFacts, DockerEngine, EngineAddress
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import run_entrypoint
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_TAG
+from code_sandbox.hardening import (
+    LABEL_EXPIRES_AT,
+    LABEL_HOST,
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    LABEL_PROFILE,
+    LABEL_SESSION,
+    LABEL_TAG,
+    ContainerRequest,
+)
 from code_sandbox.image import build_offline_image
 from code_sandbox.profile import Profile
 from code_sandbox.sessions import SessionManager
@@ -71,12 +80,30 @@ def test_a_cert_path_without_its_files_is_a_settings_error_that_names_what_is_mi
 
 @pytest.mark.parametrize(
     ("host", "words"),
-    [("fd://", "unix://, tcp://"), ("tcp-ish://x", "unix://, tcp://"), ("127.0.0.1:2376", "unix://, tcp://")],
+    [
+        ("fd://", "unix://, tcp://"),
+        ("tcp-ish://x", "unix://, tcp://"),
+        ("127.0.0.1:2376", "unix://, tcp://"),
+        ("tcp://127.0.0.1:99999", "unix://, tcp://"),
+        ("tcp://[::1", "unix://, tcp://"),
+    ],
 )
 def test_an_address_code_sandbox_cannot_use_is_refused_without_echoing_it(host: str, words: str) -> None:
     with pytest.raises(SettingsError) as caught:
         EngineAddress.from_environment({"DOCKER_HOST": host})
     assert words in caught.value.message and host not in caught.value.message
+
+
+def test_an_engine_anyone_on_the_way_could_pose_as_is_refused_before_any_connection(cert_dir: Path) -> None:
+    for environment in (
+        {"DOCKER_HOST": "tcp://127.0.0.1:9"},
+        {"DOCKER_HOST": "tcp://127.0.0.1:9", "DOCKER_CERT_PATH": str(cert_dir)},  # TLS, the engine unchecked
+    ):
+        engine = DockerEngine(address=EngineAddress.from_environment(environment))
+        with pytest.raises(SettingsError) as caught:
+            engine.ping()
+        assert caught.value.message.startswith("DOCKER_HOST reaches the engine without TLS that checks its certificate")
+    assert EngineAddress.from_environment({"DOCKER_HOST": "ssh://root@127.0.0.1:9"}).checked
 
 
 def test_the_address_shown_has_no_credentials() -> None:
@@ -113,6 +140,12 @@ def test_without_docker_host_the_docker_context_in_use_reaches_the_engine(
     with pytest.raises(SettingsError) as caught:
         EngineAddress.from_environment({"DOCKER_CONTEXT": "nowhere"})
     assert caught.value.message.startswith("DOCKER_CONTEXT names a Docker context that does not exist")
+    # A context that keeps only a CA still checks the engine against it (as the docker CLI does), never plain HTTP.
+    ca_only = TLSConfig(ca_cert=str(client / "ca.pem"), verify=True)
+    ContextAPI.create_context("ca-only", host=f"tcp://127.0.0.1:{remote.port}", tls_cfg=ca_only)
+    address = EngineAddress.from_environment({"DOCKER_CONTEXT": "ca-only"})
+    assert address.tls is not None and address.tls_verify and address.checked
+    assert address.tls.cert is None and address.shown().startswith("https://")
 
 
 @pytest.mark.parametrize("command", ["serve", "run", "build-image", "verify-image", "reap"])
@@ -227,10 +260,10 @@ def test_doctor_fails_tls_that_does_not_check_the_engine_and_an_engine_reached_w
     unverified = {key: value for key, value in remote.tls_environment.items() if key != "DOCKER_TLS_VERIFY"}
     rows = _doctor_rows(unverified)
     assert rows["tls"].startswith("FAIL") and "DOCKER_TLS_VERIFY=1" in rows["tls"], rows
-    assert rows["docker"].startswith("PASS"), rows  # it works, but doctor will not call it safe
+    assert rows["docker"].startswith("FAIL not contacted"), rows  # code-sandbox will not use it either
     rows = _doctor_rows({"DOCKER_HOST": remote.tls_environment["DOCKER_HOST"]})
     assert rows["tls"].startswith("FAIL") and "without TLS" in rows["tls"], rows
-    assert rows["docker"].startswith("FAIL"), rows  # the engine itself refuses plain HTTP
+    assert rows["docker"].startswith("FAIL not contacted"), rows
 
 
 class _OtherArchitecture(DockerEngine):
@@ -321,6 +354,30 @@ def test_doctor_names_an_engine_reached_over_ssh(ssh_host: SshEngineHost) -> Non
     assert rows["tls"].startswith("PASS not needed: ssh"), rows
 
 
+@pytest_docker
+def test_reap_shows_no_escape_sequence_another_server_put_in_its_labels(
+    remote: SecondEngine, profile: Profile, image_id: str, tmp_path: Path
+) -> None:
+    engine = remote.tls_engine(labels={LABEL_TAG: worker_tag()})
+    hostile = "\x1b]52;c;cHduZWQ=\x07"  # an OSC 52 clipboard write
+    labels = {LABEL_MANAGED: "true", LABEL_SESSION: hostile, LABEL_PROFILE: hostile, LABEL_OWNER: hostile,
+              LABEL_HOST: hostile, LABEL_EXPIRES_AT: str(int(time.time()) + 600)}  # fmt: skip
+    request = ContainerRequest(image_id, [*profile.helper_argv("watchdog"), "60"], labels, False)
+    container_id = engine.create_container(request)
+    try:
+        environment = {key: value for key, value in command_env().items() if not key.startswith("DOCKER_")}
+        environment |= remote.tls_environment | {"XDG_STATE_HOME": str(tmp_path)}
+        result = subprocess.run([CLI, "reap", "--dry-run"], env=environment, capture_output=True, text=True,
+                                timeout=120, check=False)  # fmt: skip
+    finally:
+        engine.remove_container(container_id)
+        engine.close()
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if "kept" in line)
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    assert row.split()[:2] == ["52ccHduZWQ", "52ccHduZWQ"]  # what is left: letters and digits
+
+
 # -- the engine's clock --------------------------------------------------------------------------------------------
 
 
@@ -329,7 +386,8 @@ def test_doctor_names_an_engine_reached_over_ssh(ssh_host: SshEngineHost) -> Non
 async def test_expiry_is_written_and_judged_in_the_engines_time_so_servers_whose_clocks_differ_agree(
     engine: DockerEngine, profile: Profile, image_id: str
 ) -> None:
-    behind = DockerEngine(labels=engine.labels, wall_clock=lambda: time.time() - 3600)
+    shift = [-3600.0]
+    behind = DockerEngine(labels=engine.labels, wall_clock=lambda: time.time() + shift[0])
     ahead = DockerEngine(labels=engine.labels, wall_clock=lambda: time.time() + 7200)
     behind.verified_images.add((profile.name, image_id))
     settings = Settings(max_sessions=1, default_timeout=10, max_timeout=60, max_lifetime=600)
@@ -341,6 +399,8 @@ async def test_expiry_is_written_and_judged_in_the_engines_time_so_servers_whose
         expires_at = int(facts.labels[LABEL_EXPIRES_AT])
         # A lifetime (and a margin) from the engine's now, not from the server's clock an hour behind.
         assert time.time() + 600 < expires_at < time.time() + 600 + 300
+        shift[0] = -7200.0  # this machine's clock is stepped back later: the engine's time goes on regardless
+        assert abs(behind.now() - time.time()) < 30
         verdicts = survey_managed(ahead, max_lifetime=600, tag=worker_tag())
         mine = [v for v in verdicts if v.container.id == session.container_id]
         assert [(v.remove, v.reason) for v in mine] == [(False, "live")]  # two hours ahead, still not expired

@@ -71,7 +71,7 @@ def _check_engine(settings: Settings) -> None:
     from code_sandbox.engine import DockerEngine, EngineAddress
 
     try:
-        EngineAddress.from_environment()
+        EngineAddress.from_environment().require_checked()
     except SettingsError as error:
         fail(error, status=2)
     if settings.runtime is None:
@@ -370,11 +370,11 @@ def reap(
         for verdict, action in zip(verdicts, actions, strict=True):
             container = verdict.container
             rows.append((
-                container.labels.get(LABEL_SESSION, "?")[:16],
-                container.labels.get(LABEL_PROFILE, "?")[:20],
+                _shown(container.labels.get(LABEL_SESSION, "?"), 16),
+                _shown(container.labels.get(LABEL_PROFILE, "?"), 20),
                 _duration(now - container.created) if container.created is not None else "?",
                 _duration(verdict.expires_at - now) if verdict.expires_at is not None else "?",
-                container.state[:8],
+                _shown(container.state, 8),
                 _server_of(container.labels),
                 "?" if verdict.owner == "unknown" else verdict.owner,
                 f"{action} ({verdict.reason if not all_ else 'all'})",
@@ -413,10 +413,14 @@ def _print_table(header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) ->
 
 
 def _server_of(labels: Mapping[str, str]) -> str:
-    """``token@machine`` from a container's owner and host labels (another server's, so shown printable only)."""
-    owner = "".join(ch for ch in labels.get(LABEL_OWNER, "?")[:8] if ch.isascii() and ch.isalnum()) or "?"
-    host = "".join(ch for ch in labels.get(LABEL_HOST, "?")[:63] if ch.isascii() and (ch.isalnum() or ch in ".-"))
-    return f"{owner}@{host or '?'}"
+    """``token@machine`` from a container's owner and host labels."""
+    return f"{_shown(labels.get(LABEL_OWNER, '?'), 8)}@{_shown(labels.get(LABEL_HOST, '?'), 63)}"
+
+
+def _shown(text: str, limit: int) -> str:
+    """A label's value for the terminal: another server (maybe on another machine) wrote it, so letters, digits and
+    ``.-_:`` only (no escape sequence gets through), at most ``limit`` of them."""
+    return "".join(ch for ch in text[:limit] if ch.isascii() and (ch.isalnum() or ch in ".-_:")) or "?"
 
 
 def _duration(seconds: float) -> str:

@@ -66,6 +66,10 @@ def _check_docker(findings: list[Finding], engine: DockerEngine) -> bool:
         findings.append(Finding("docker", False, error.message, "fix or unset the variable"))
         return False
     _check_tls(findings, address)
+    if not address.checked:
+        findings.append(Finding("docker", False, f"not contacted at {address.described()}: anyone on the way "
+                                "could pose as the engine", "fix the tls row first"))  # fmt: skip
+        return False
     try:
         engine.ping()
         daemon = engine.daemon_facts()
@@ -123,18 +127,25 @@ def _check_tls(findings: list[Finding], address: EngineAddress) -> None:
         )
         return
     key = address.tls.cert[1] if isinstance(address.tls.cert, tuple) else None
-    if key is not None and _readable_by_others(str(key)):
+    if key is not None and _mode_lets_others(str(key), 0o077):
         findings.append(
             Finding("tls", False, "the client key (key.pem) can be read by other users", "chmod 600 key.pem")
         )
+        return
+    ca = address.tls.ca_cert
+    if ca is not None and (_mode_lets_others(ca, 0o022) or _mode_lets_others(os.path.dirname(ca), 0o022)):
+        findings.append(
+            Finding("tls", False, "other users can replace ca.pem (it or its directory is writable by them)",
+                    "chmod go-w on ca.pem and on the directory that holds it")
+        )  # fmt: skip
         return
     findings.append(Finding("tls", True, "the engine's certificate is checked against ca.pem; a client certificate "
                                          "proves this client"))  # fmt: skip
 
 
-def _readable_by_others(path: str) -> bool:
+def _mode_lets_others(path: str, bits: int) -> bool:
     try:
-        return bool(os.stat(path).st_mode & 0o077)
+        return bool(os.stat(path).st_mode & bits)
     except OSError:
         return False
 

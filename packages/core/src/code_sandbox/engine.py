@@ -127,6 +127,7 @@ class EngineAddress:
             ca, cert, key = (os.path.join(directory, name) for name in _TLS_FILES)
             tls = TLSConfig(client_cert=(cert, key), ca_cert=ca, verify=verify)
             return cls(host, "DOCKER_HOST", tls, verify)
+        variable = "DOCKER_CONTEXT" if env.get("DOCKER_CONTEXT") else "the current Docker context"
         name = env.get("DOCKER_CONTEXT") or get_current_context_name()
         if name == "default":
             return cls(None, "default")
@@ -135,14 +136,27 @@ class EngineAddress:
         except docker.errors.DockerException:
             context = None
         if context is None or not context.Host:
-            raise SettingsError(
-                "DOCKER_CONTEXT", "names a Docker context that does not exist (see `docker context ls`)"
-            )
-        _check_scheme(f"the Docker context {name!r}", context.Host)
+            raise SettingsError(variable, "names a Docker context that does not exist (see `docker context ls`)")
+        _check_scheme(variable, context.Host)
         endpoint = cast(dict[str, Any], context.endpoints.get("docker") or {})
-        tls = cast(TLSConfig | None, context.TLSConfig)
-        verify = tls is not None and not endpoint.get("SkipTLSVerify", False)
-        return cls(context.Host, f"Docker context {name}", tls, verify)
+        tls, verify = _context_tls(str(context.tls_path or ""), bool(endpoint.get("SkipTLSVerify")))
+        return cls(str(context.Host), f"Docker context {_printable(name, 64)}", tls, verify)
+
+    def require_checked(self) -> None:
+        """:raises SettingsError: anyone on the way could pose as the engine (plain TCP, or TLS that does not check
+        the engine's certificate); whoever answers as the engine would see every sandbox's files and output."""
+        if not self.checked:
+            raise SettingsError(
+                "DOCKER_HOST" if self.origin == "DOCKER_HOST" else "the current Docker context",
+                "reaches the engine without TLS that checks its certificate (set DOCKER_TLS_VERIFY=1 and "
+                "DOCKER_CERT_PATH, or use ssh://; `code-sandbox doctor` explains)",
+            )
+
+    @property
+    def checked(self) -> bool:
+        """Whether nobody between here and the engine can pose as it: a local socket, ssh (host keys), or TLS that
+        checks the engine's certificate."""
+        return self.local or (self.url or "").startswith("ssh://") or (self.tls is not None and self.tls_verify)
 
     @property
     def local(self) -> bool:
@@ -168,6 +182,26 @@ def _check_scheme(variable: str, address: str) -> None:
     scheme = address.partition("://")[0].lower() if "://" in address else ""
     if scheme not in ("unix", "tcp", "ssh", "npipe", "http", "https"):
         raise SettingsError(variable, "must be a unix://, tcp://, ssh:// or npipe:// address")
+    if scheme in ("tcp", "ssh", "http", "https"):
+        try:
+            urlsplit(address).port  # noqa: B018 - it raises for a port out of range or a broken host
+        except ValueError:
+            raise SettingsError(variable, "must be a unix://, tcp://, ssh:// or npipe:// address") from None
+
+
+def _context_tls(directory: str, skip_verify: bool) -> tuple[TLSConfig | None, bool]:
+    """A context's TLS from whatever files it keeps (``docker context create --docker ca=...,cert=...,key=...``):
+    a CA alone still means the engine's certificate is checked, as the docker CLI does. No files: no TLS."""
+    endpoint = os.path.join(directory, "docker")
+    names = sorted(os.listdir(endpoint)) if directory and os.path.isdir(endpoint) else []
+    # The docker CLI keeps ca.pem, cert.pem and key.pem; the SDK keeps the files' own names: found by prefix.
+    present = {kind: os.path.join(endpoint, name) for kind in ("ca", "cert", "key") for name in names
+               if name.startswith(kind)}  # fmt: skip
+    if not present:
+        return None, False
+    client = (present["cert"], present["key"]) if {"cert", "key"} <= present.keys() else None
+    verify = not skip_verify and "ca" in present
+    return TLSConfig(client_cert=client, ca_cert=present.get("ca"), verify=verify), verify
 
 
 @dataclass(frozen=True)
@@ -434,6 +468,8 @@ class DockerEngine:
         self._api: Any = None
         self._lock = threading.Lock()
         self._daemon: DaemonFacts | None = None
+        self._clock_anchor: tuple[float, float] | None = None
+        """The engine's time and this machine's monotonic clock at one moment: :meth:`now` counts on from there."""
         self._volumes: dict[str, tuple[str, ...]] = {}
         """Podman: the tmpfs volumes of each container this engine made, removed with it (even after it removed
         itself)."""
@@ -457,6 +493,7 @@ class DockerEngine:
         with self._lock:
             if self._api is None:
                 address = self.address
+                address.require_checked()
                 try:
                     # A version is given so that the client does not ask the engine before trust_env is off.
                     api: Any = docker.APIClient(base_url=address.url, tls=address.tls or False, timeout=self.timeout,
@@ -494,8 +531,11 @@ class DockerEngine:
         """The engine's time (seconds since the epoch): what expiry labels are written and judged in, so that
         servers on machines whose clocks differ agree on them. This machine's time while the engine is away."""
         with contextlib.suppress(SandboxError):
-            return self.wall_clock() + self.daemon_facts().clock_offset
-        return self.wall_clock()
+            self.daemon_facts()
+        if self._clock_anchor is None:
+            return self.wall_clock()
+        engine_time, monotonic_time = self._clock_anchor
+        return engine_time + (time.monotonic() - monotonic_time)  # a later step of this machine's clock is no matter
 
     def close(self) -> None:
         with self._lock:
@@ -513,13 +553,15 @@ class DockerEngine:
         if self._daemon is None:
             with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the Docker engine did not describe itself"):
                 api = self.api()
-                before = self.wall_clock()
+                before, started = self.wall_clock(), time.monotonic()
                 info = cast(dict[str, Any], api.info())
-                after = self.wall_clock()
+                after, ended = self.wall_clock(), time.monotonic()
                 version = cast(dict[str, Any], api.version())
             engine_time = _parse_created(info.get("SystemTime"))
             # The engine read its clock somewhere within the call; its middle is off by at most half the call.
             offset = engine_time - (before + after) / 2 if engine_time is not None else 0.0
+            if engine_time is not None:
+                self._clock_anchor = (engine_time, (started + ended) / 2)
             components = [cast(dict[str, Any], c) for c in cast(list[object], version.get("Components") or [])
                           if isinstance(c, dict)]  # fmt: skip
             podman = next((c for c in components if str(c.get("Name", "")).startswith("Podman")), None)
@@ -664,6 +706,7 @@ class DockerEngine:
                 container_id = str(created["Id"])
             if volumes:
                 self._volumes[container_id] = tuple(volume.name for volume in volumes)
+                self._check_volumes(volumes)
             if before_start is not None:
                 before_start(container_id)
             if start:
@@ -927,6 +970,19 @@ class DockerEngine:
         with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
             for volume in volumes:
                 api.create_volume(volume.name, driver="local", driver_opts=volume.driver_options(), labels=dict(labels))
+
+    def _check_volumes(self, volumes: Iterable[TmpfsVolume]) -> None:
+        """Each volume the new container mounts must be the bounded tmpfs made for it: had a sweep removed one before
+        the container's create, Podman would have made a plain directory of the same name, with no bound at all.
+
+        :raises SandboxError: ``CONTAINER_START_FAILED`` (the caller removes the container and the volumes).
+        """
+        api = self.api()
+        with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
+            for volume in volumes:
+                options = cast(dict[str, Any], api.inspect_volume(volume.name).get("Options") or {})
+                if any(str(options.get(key)) != value for key, value in volume.driver_options().items()):
+                    raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started")
 
     def _volumes_of(self, container_id: str) -> tuple[str, ...]:
         """The tmpfs volumes a container of another engine object (or process) mounts."""

@@ -134,7 +134,8 @@ def apply_verdicts(
                 actions.append("removed")
     if not dry_run:
         try:
-            failures = engine.remove_leftover_volumes(tag=tag, grace=CREATED_GRACE_SECONDS)
+            # A volume is made before its container's create, which may take the engine's timeout and more.
+            failures = engine.remove_leftover_volumes(tag=tag, grace=CREATED_GRACE_SECONDS + 3 * engine.timeout)
         except SandboxError as error:
             logger.warning("could not list leftover sandbox volumes (%s)", error.code)
         else:
