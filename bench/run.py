@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import struct
 import sys
@@ -124,7 +123,10 @@ def _raw_exec_node(api: Any, container_id: str) -> None:
 def _raw_stream(api: Any, container_id: str) -> None:
     """The same bytes write_files sends for 100 x 10 KiB, through one exec's stdin, read by node."""
     payload = b"".join(f["content"].encode() for f in HUNDRED_FILES) + SMALL_FILE[0]["content"].encode()
-    source = "let n=0;process.stdin.on('data',c=>n+=c.length).on('end',()=>process.stdout.write(String(n)))"
+    # Read to a known length, as the helpers do (a half-close does not cross every transport: TLS, ssh).
+    want = 4 + len(payload)
+    source = (f"let n=0;process.stdin.on('data',c=>{{n+=c.length;if(n>={want}){{process.stdout.write(String(n));"
+              "process.exit(0)}})")  # fmt: skip
     exec_id = api.exec_create(
         container_id,
         ["/usr/local/bin/node", "-e", source],
@@ -135,7 +137,6 @@ def _raw_stream(api: Any, container_id: str) -> None:
     sock = api.exec_start(exec_id, socket=True)
     raw = getattr(sock, "_sock", sock)
     raw.sendall(struct.pack(">I", 0) + payload)
-    raw.shutdown(socket.SHUT_WR)
     while raw.recv(65536):
         pass
     raw.close()

@@ -80,8 +80,9 @@ def test_the_installed_wheels_work_from_any_directory(
     assert [a["id"] for a in answers] == [1, 2]
     assert "run_javascript" in {tool["name"] for tool in answers[1]["result"]["tools"]}
     # The offline build works from the installed packages too (the pinned node wheel and the helpers); it builds
-    # into the worker's own engine, so the shared image is never touched.
-    second = {"DOCKER_HOST": second_engine.base_url}
+    # into the worker's own engine, so the shared image is never touched, and reaches it as a remote engine is
+    # reached: DOCKER_HOST over TLS, with the engine's certificate checked.
+    second = second_engine.tls_environment
     second_engine.engine.untag_image(profile.image_spec().tag)
     built = run("build-image", "--offline", **second)
     assert built.returncode == 0, built.stderr
