@@ -67,7 +67,10 @@ def _settings() -> Settings:
 def _check_engine(settings: Settings) -> None:
     """An engine address or TLS set-up that cannot be used, or a runtime the engine has not registered, stops the
     command at once (exit 2), not at its first sandbox. An engine that does not answer is not checked here: every
-    call then says so."""
+    call then says so. Without any of those settings nothing is checked here, and the docker SDK is not imported
+    before serve's start-up (the current Docker context is checked at the first call, as every address is)."""
+    if settings.runtime is None and not (os.environ.get("DOCKER_HOST") or os.environ.get("DOCKER_CONTEXT")):
+        return
     from code_sandbox.engine import DockerEngine, EngineAddress
 
     try:
