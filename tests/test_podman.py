@@ -84,14 +84,19 @@ console.log(JSON.stringify(out));
 """
 
 
+def _mounts_seen(podman: DockerEngine, image_id: str, profile: Profile, *dirs: str) -> tuple[int, dict[str, Any]]:
+    """How a fresh sandbox's uid sees ``dirs`` (mount, owner, size; whether it can write and run a file there)."""
+    uid, container_id = _create(podman, image_id, profile)
+    try:
+        return uid, _node(podman, container_id, uid, _MOUNTS.replace("DIRS", json.dumps(list(dirs))))
+    finally:
+        podman.remove_container(container_id)
+
+
 def test_the_workspace_and_tmp_are_bounded_private_noexec_tmpfs_mounts_of_the_sandbox_uid(
     podman: DockerEngine, image_id: str, profile: Profile
 ) -> None:
-    uid, container_id = _create(podman, image_id, profile)
-    try:
-        seen = _node(podman, container_id, uid, _MOUNTS.replace("DIRS", '["/workspace", "/tmp"]'))
-    finally:
-        podman.remove_container(container_id)
+    uid, seen = _mounts_seen(podman, image_id, profile, "/workspace", "/tmp")
     for mount in seen.values():
         assert mount["type"] == "tmpfs"
         assert {"noexec", "nosuid", "nodev"} <= set(mount["flags"])
@@ -104,11 +109,7 @@ def test_the_workspace_and_tmp_are_bounded_private_noexec_tmpfs_mounts_of_the_sa
 def test_podmans_own_run_and_var_tmp_mounts_are_read_only_and_tiny(
     podman: DockerEngine, image_id: str, profile: Profile
 ) -> None:
-    uid, container_id = _create(podman, image_id, profile)
-    try:
-        seen = _node(podman, container_id, uid, _MOUNTS.replace("DIRS", '["/run", "/var/tmp"]'))
-    finally:
-        podman.remove_container(container_id)
+    _, seen = _mounts_seen(podman, image_id, profile, "/run", "/var/tmp")
     for mount in seen.values():
         assert {"ro", "noexec", "nosuid", "nodev"} <= set(mount["flags"])
         assert (mount["write"], mount["bytes"]) == ("EROFS", 4096)

@@ -40,7 +40,7 @@ from docker.tls import TLSConfig
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from tests.support.output import on_first_output
+from tests.support.output import errors_of_a_run_broken_by
 from tests.support.proxy import Proxy
 from tests.support.run import command_env, worker_containers, worker_tag
 from tests.support.second_engine import SecondEngine
@@ -438,24 +438,12 @@ async def test_a_connection_lost_mid_run_fails_closed_and_the_sandbox_is_removed
     proxy, manager = through_proxy
     idle = await manager.create()
     doomed = await manager.create()
-    slow = "console.log('up'); setTimeout(() => {}, 30000)"
-    await write_files(manager, doomed.id, [("slow.js", slow)], overwrite=False)
-    running = anyio.Event()
-    errors: list[SandboxError] = []
 
-    async def doomed_run() -> None:
-        try:
-            await run_entrypoint(manager, doomed.id, "slow.js", [], timeout_seconds=30, output=on_first_output(running))
-        except SandboxError as error:
-            errors.append(error)
-
-    started = time.monotonic()
-    async with anyio.create_task_group() as group:
-        group.start_soon(doomed_run)
-        with anyio.fail_after(30):
-            await running.wait()
+    async def cut() -> None:
         proxy.cut()
-    assert time.monotonic() - started < 20
+
+    errors, seconds = await errors_of_a_run_broken_by(manager, doomed.id, cut)
+    assert seconds < 20
     assert [error.code for error in errors] == [ErrorCode.CONTAINER_UNAVAILABLE]
     with pytest.raises(SandboxError) as caught:
         await write_files(manager, doomed.id, [("more.js", "1")], overwrite=False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from code_sandbox.settings import Settings
 from code_sandbox.workspace import write_files
 
 from tests.security.conftest import Arena
-from tests.support.output import on_first_output
+from tests.support.output import errors_of_a_run_broken_by, on_first_output
 from tests.support.run import worker_containers, worker_tag
 from tests.support.second_engine import SecondEngine
 from tests.test_server import CLI, server_env
@@ -33,26 +32,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cl
 async def test_a_container_removed_during_a_run_gives_a_clear_error_and_the_next_call_works(
     arena: Arena, engine: DockerEngine
 ) -> None:
-    slow = "console.log('running'); setTimeout(() => {}, 30000)"
-    await write_files(arena.manager, arena.victim.id, [("slow.js", slow)], overwrite=False)
-    errors: list[SandboxError] = []
-    running = anyio.Event()
-
-    async def doomed_run() -> None:
-        try:
-            await run_entrypoint(
-                arena.manager, arena.victim.id, "slow.js", [], timeout_seconds=30, output=on_first_output(running)
-            )
-        except SandboxError as error:
-            errors.append(error)
-
-    started = time.monotonic()
-    async with anyio.create_task_group() as group:
-        group.start_soon(doomed_run)
-        with anyio.fail_after(30):
-            await running.wait()  # the run is under way
+    async def remove_it() -> None:
         await anyio.to_thread.run_sync(engine.remove_container, arena.victim.container_id)
-    assert time.monotonic() - started < 10
+
+    errors, seconds = await errors_of_a_run_broken_by(arena.manager, arena.victim.id, remove_it)
+    assert seconds < 10
     assert [e.code for e in errors] == [ErrorCode.CONTAINER_UNAVAILABLE]
     replacement = await arena.manager.create()
     await write_files(arena.manager, replacement.id, [("ok.js", "console.log('fine')")], overwrite=False)

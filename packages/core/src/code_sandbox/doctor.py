@@ -103,7 +103,7 @@ def _check_tls(findings: list[Finding], address: EngineAddress) -> None:
     client key nobody else can read: whoever can talk to the engine can run anything on its host."""
     if address.local:
         return
-    if address.url is not None and address.url.startswith("ssh://"):
+    if address.ssh:
         findings.append(Finding("tls", True, "not needed: ssh checks the host's key (known_hosts) and this user's"))
         return
     if address.tls is None:

@@ -156,7 +156,12 @@ class EngineAddress:
     def checked(self) -> bool:
         """Whether nobody between here and the engine can pose as it: a local socket, ssh (host keys), or TLS that
         checks the engine's certificate."""
-        return self.local or (self.url or "").startswith("ssh://") or (self.tls is not None and self.tls_verify)
+        return self.local or self.ssh or (self.tls is not None and self.tls_verify)
+
+    @property
+    def ssh(self) -> bool:
+        """Whether the engine is reached over ssh (``docker system dial-stdio`` on its host)."""
+        return (self.url or "").startswith("ssh://")
 
     @property
     def local(self) -> bool:
@@ -221,8 +226,6 @@ class DaemonFacts:
     """What serves the API: ``Docker Engine``, or ``Podman Engine`` (asked of the engine, never guessed)."""
     version: str = ""
     operating_system: str = ""
-    clock_offset: float = 0.0
-    """The engine's clock minus this machine's, in seconds, measured when the facts were read."""
 
 
 @dataclass(frozen=True)
@@ -452,7 +455,7 @@ class DockerEngine:
             address = EngineAddress(base_url, "base_url")
         self._address = address
         self.wall_clock = wall_clock
-        """This machine's clock; :meth:`now` corrects it to the engine's."""
+        """This machine's clock: :meth:`now` while the engine's time is not known."""
         self.timeout = timeout
         """Seconds one API call may take; a container may start this long after its create call began."""
         self.labels: Mapping[str, str] = dict(labels or {})
@@ -468,6 +471,8 @@ class DockerEngine:
         self._api: Any = None
         self._lock = threading.Lock()
         self._daemon: DaemonFacts | None = None
+        self._version: dict[str, Any] = {}
+        """The engine's answer to ``/version``, asked once when the client is made."""
         self._clock_anchor: tuple[float, float] | None = None
         """The engine's time and this machine's monotonic clock at one moment: :meth:`now` counts on from there."""
         self._volumes: dict[str, tuple[str, ...]] = {}
@@ -501,8 +506,10 @@ class DockerEngine:
                     # The engine is trusted through DOCKER_CERT_PATH alone: requests' environment is not read
                     # (REQUESTS_CA_BUNDLE would replace the engine's CA; a proxy or .netrc would see its traffic).
                     api.trust_env = False
-                    # Then the API version the engine speaks, as the client's "auto" finds it.
-                    api._version = str(cast(dict[str, Any], api.version(api_version=False))["ApiVersion"])
+                    # Then the API version the engine speaks, as the client's "auto" finds it; the answer also says
+                    # what the engine is (daemon_facts).
+                    self._version = cast(dict[str, Any], api.version(api_version=False))
+                    api._version = str(self._version["ApiVersion"])
                 except paramiko.SSHException:
                     raise SandboxError(
                         ErrorCode.CONTAINER_UNAVAILABLE,
@@ -553,14 +560,13 @@ class DockerEngine:
         if self._daemon is None:
             with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the Docker engine did not describe itself"):
                 api = self.api()
-                before, started = self.wall_clock(), time.monotonic()
+                started = time.monotonic()
                 info = cast(dict[str, Any], api.info())
-                after, ended = self.wall_clock(), time.monotonic()
-                version = cast(dict[str, Any], api.version())
+                ended = time.monotonic()
+            version = self._version
             engine_time = _parse_created(info.get("SystemTime"))
-            # The engine read its clock somewhere within the call; its middle is off by at most half the call.
-            offset = engine_time - (before + after) / 2 if engine_time is not None else 0.0
             if engine_time is not None:
+                # The engine read its clock somewhere within the call; its middle is off by at most half the call.
                 self._clock_anchor = (engine_time, (started + ended) / 2)
             components = [cast(dict[str, Any], c) for c in cast(list[object], version.get("Components") or [])
                           if isinstance(c, dict)]  # fmt: skip
@@ -581,8 +587,7 @@ class DockerEngine:
                 product=PODMAN if podman is not None else "Docker Engine",
                 version=_printable(str(version.get("Version") or info.get("ServerVersion") or "")),
                 operating_system=_printable(str(info.get("OperatingSystem") or "")),
-                clock_offset=offset,
-                architecture=_normalise_arch(str(info.get("Architecture", ""))),
+                architecture=normalise_arch(str(info.get("Architecture", ""))),
                 os_type=str(info.get("OSType", "")),
                 apparmor=any(option.startswith("name=apparmor") for option in options),
                 seccomp=any(
@@ -650,7 +655,7 @@ class DockerEngine:
             id=str(data["Id"]),
             labels={str(k): str(v) for k, v in cast(dict[str, Any], config.get("Labels") or {}).items()},
             user=str(config.get("User") or ""),
-            architecture=_normalise_arch(str(data.get("Architecture", ""))),
+            architecture=normalise_arch(str(data.get("Architecture", ""))),
             size=int(data.get("Size") or 0),
         )
 
@@ -1247,7 +1252,8 @@ def _sha256_of(stream: BinaryIO | Any) -> str:
     return digest.hexdigest()
 
 
-def _normalise_arch(name: str) -> str:
+def normalise_arch(name: str) -> str:
+    """An architecture as Docker's Go names (``amd64``) or the kernel's (``x86_64``) give it, in the kernel's."""
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(name, name)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from code_sandbox.elf import is_elf, resolve_runtime_files
-from code_sandbox.engine import DockerEngine, FileEntry, ImageFacts
+from code_sandbox.engine import DockerEngine, FileEntry, ImageFacts, normalise_arch
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
@@ -96,7 +96,7 @@ def build_offline_image(
             "the Docker engine does not run Linux containers",
             hint="switch Docker Desktop to Linux containers",
         )
-    here = _MACHINES.get(platform.machine().lower(), platform.machine().lower())
+    here = normalise_arch(platform.machine().lower())
     if here != daemon.architecture:  # the image's libraries are this machine's
         raise SandboxError(
             ErrorCode.IMAGE_BUILD_FAILED,
@@ -405,9 +405,6 @@ class _TreeCheck:
             report.packages = packages
             report.add("package set", True, f"{len(packages)} packages; the tree under {self.root} matches")
 
-
-_MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
-"""``platform.machine()`` names as the engine reports architectures (Docker normalised)."""
 
 _VERSION_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
 
