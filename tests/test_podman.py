@@ -165,6 +165,28 @@ def test_the_runtime_in_force_is_the_one_podman_runs_and_no_other_is_accepted(
             asking.close()
 
 
+def test_a_runtime_setting_podman_would_ignore_is_refused_at_start_with_exit_2_and_its_own_is_taken(
+    podman: DockerEngine,
+) -> None:
+    own = podman.runtime_in_force().name
+    environment = {key: value for key, value in command_env(runtime="runsc", audit_enabled="false").items()
+                   if not key.startswith("DOCKER_")}  # fmt: skip
+    environment["DOCKER_HOST"] = str(podman.address.url)
+    for argv in (["serve"], ["run", "examples/hello"], ["reap", "--dry-run"], ["verify-image"]):
+        result = subprocess.run([CLI, *argv], env=environment, input="", capture_output=True, text=True, timeout=60,
+                                check=False)  # fmt: skip
+        assert result.returncode == 2, (argv, result.stderr)
+        assert result.stderr == (
+            "code-sandbox: CODE_SANDBOX_RUNTIME is ignored by Podman's Docker-compatible API, which runs every "
+            f"container under the service's own runtime ({own}): unset it, or set that runtime in the Podman "
+            "service's containers.conf ([engine] runtime)\n"
+        )
+    environment["CODE_SANDBOX_RUNTIME"] = own  # what Podman runs anyway: nothing is ignored
+    result = subprocess.run([CLI, "reap", "--dry-run"], env=environment, capture_output=True, text=True, timeout=60,
+                            check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
 def test_an_exec_or_a_signal_on_a_stopped_container_is_container_unavailable(
     podman: DockerEngine, image_id: str, profile: Profile
 ) -> None:

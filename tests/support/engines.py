@@ -37,17 +37,33 @@ def _unavailable(problem: str) -> None:
 
 
 EXIT_COMMAND_DELAY = 10
-CONTAINERS_CONF = f"[engine]\nexit_command_delay = {EXIT_COMMAND_DELAY}\n"
-"""The service's configuration: an exec's two conmon processes wait this many seconds after it ends before they run
-its cleanup (Podman's default, 300, keeps hundreds of them alive through a run)."""
+
+
+def containers_conf(runtime: tuple[str, str] | None = None) -> str:
+    """The service's configuration. An exec's two conmon processes wait :data:`EXIT_COMMAND_DELAY` seconds after it
+    ends before they run its cleanup (Podman's default, 300, keeps hundreds of them alive through a run).
+
+    The OCI runtime is ``runtime`` (name, binary) when given, else runc wherever it is installed (the Docker engine
+    brings it): Podman prefers crun when both are there, and crun refuses every container on a host with hybrid cgroups,
+    as this kind of machine has (``doctor`` diagnoses that for an operator; ``test_doctor_names_the_fix_...`` shows
+    it). Podman's own choice stands where runc is missing."""
+    lines = ["[engine]", f"exit_command_delay = {EXIT_COMMAND_DELAY}"]
+    if runtime is None and shutil.which("runc") is not None:
+        lines.append('runtime = "runc"')
+    elif runtime is not None:
+        name, binary = runtime
+        lines += [f'runtime = "{name}"', "[engine.runtimes]", f'{name} = ["{binary}"]']
+    return "\n".join(lines) + "\n"
 
 
 class PodmanService:
     """``podman system service`` on a socket of its own, with its own storage, run state and configuration
     (rootful)."""
 
-    def __init__(self, root: Path, run_root: Path) -> None:
+    def __init__(self, root: Path, run_root: Path, *, runtime: tuple[str, str] | None = None) -> None:
         self.root = root
+        self.runtime = runtime
+        """The OCI runtime (name, binary) the service runs containers under; ``None``: :func:`containers_conf`'s."""
         self.run_root = run_root
         """Its run state: apart, since Podman refuses a run root longer than 50 characters."""
         self.socket = root / "podman.sock"
@@ -74,7 +90,7 @@ class PodmanService:
         ]
 
     def start(self) -> None:
-        self._config.write_text(CONTAINERS_CONF)
+        self._config.write_text(containers_conf(self.runtime))
         with self._log.open("ab") as log:
             self._process = subprocess.Popen(
                 self.argv(), stdout=log, stderr=log, start_new_session=True, env=self._podman_environment()
@@ -161,15 +177,16 @@ class PodmanService:
         return "(no log)"
 
 
-def podman_engine(tag: str) -> Iterator[DockerEngine]:
+def podman_engine(tag: str, *, runtime: tuple[str, str] | None = None) -> Iterator[DockerEngine]:
     """A client of a Podman service of this worker's own, reached through ``DOCKER_HOST``; its containers carry
-    ``tag``, and none of them, nor any of their volumes, may be left at the end."""
+    ``tag``, and none of them, nor any of their volumes, may be left at the end. ``runtime`` (name, binary) is the
+    service's OCI runtime, when given."""
     if os.geteuid() != 0:
         _unavailable("the Podman service of the tests runs rootful, which needs root (as CI runs the suite)")
     if shutil.which("podman") is None:
         _unavailable("podman is not installed")
     service = PodmanService(
-        Path(tempfile.mkdtemp(prefix="podman-")), Path(tempfile.mkdtemp(prefix="podman-", dir="/run"))
+        Path(tempfile.mkdtemp(prefix="podman-")), Path(tempfile.mkdtemp(prefix="podman-", dir="/run")), runtime=runtime
     )
     try:
         service.start()

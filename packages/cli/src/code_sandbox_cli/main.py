@@ -51,9 +51,9 @@ def main(
 
 
 def fail(error: SandboxError, status: int = 1) -> NoReturn:
-    """Print one line to stderr (the error and its fix) and exit; never a traceback."""
+    """Print one line to stderr (the error, what the engine said, and the fix) and exit; never a traceback."""
     hint = f" (fix: {error.hint})" if error.hint else ""
-    typer.echo(f"code-sandbox: {error.message}{hint}", err=True)
+    typer.echo(f"code-sandbox: {error.for_operator()}{hint}", err=True)
     raise typer.Exit(status)
 
 
@@ -400,6 +400,7 @@ def _print_table(header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) ->
     """Columns aligned by rich, without borders; one line per row even when stdout is a pipe or a log."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:
@@ -408,7 +409,7 @@ def _print_table(header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) ->
     for name in header or ("",) * max((len(row) for row in rows), default=0):
         table.add_column(name, no_wrap=not console.is_terminal)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # plain text: "[...]" in the engine's words is not markup
     with console.capture() as captured:
         console.print(table)
     for line in captured.get().splitlines():

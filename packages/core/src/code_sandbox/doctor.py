@@ -78,7 +78,7 @@ def _check_docker(findings: list[Finding], engine: DockerEngine) -> bool:
             fix = "start Docker (Docker Desktop, or `sudo systemctl start docker`) and check `docker info` works"
         else:
             fix = error.hint or "check that the engine runs and that `docker info` works with the same settings"
-        findings.append(Finding("docker", False, f"{error.message} at {address.described()}", fix))
+        findings.append(Finding("docker", False, f"{error.for_operator()} at {address.described()}", fix))
         return False
     if daemon.os_type != "linux":
         findings.append(
@@ -200,7 +200,7 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
             Finding(
                 "hardening enforced",
                 False,
-                f"a hardened container could not start: {error.message}",
+                f"a hardened container could not start: {error.for_operator()}",
                 error.hint
                 or "the engine may lack seccomp, cgroup memory/pids limits or tmpfs support; use a current Docker",
             )
@@ -256,7 +256,7 @@ def _check_image(findings: list[Finding], engine: DockerEngine, profile: Profile
     try:
         report = verify_image(engine, profile)
     except SandboxError as error:
-        findings.append(Finding("image", False, error.message, "run `code-sandbox build-image --offline`"))
+        findings.append(Finding("image", False, error.for_operator(), "run `code-sandbox build-image --offline`"))
         return
     if report.passed and report.image is not None:
         findings.append(Finding("image", True, f"{profile.image_spec().tag} passes verify-image"))

@@ -3,7 +3,8 @@
 It owns the client connection, image builds and inspection, container create/start/remove/list, filesystem
 export, and the exec socket (stdin streaming, write-half close, frame demultiplexing, ``exec_inspect``). Every
 Docker or transport failure leaves this module as a :class:`SandboxError` with our own message; daemon text,
-container IDs and host paths never do. All methods block: async callers run them with ``anyio.to_thread``.
+container IDs and host paths never do, except in its ``engine_text``: what the engine said, bounded and escaped, for
+the operator alone. All methods block: async callers run them with ``anyio.to_thread``.
 
 The engine may be Podman's Docker-compatible API (as tested: rootful Podman 4.3; asked of the engine,
 :attr:`DaemonFacts.product`). It takes the same arguments with these differences, each handled in this module's
@@ -19,7 +20,9 @@ Podman sections and nowhere else:
 - Rootful, it asks for an RLIMIT_NPROC of 1048576 unless given one, which fails every start where the service lacks
   CAP_SYS_RESOURCE; :data:`PODMAN_NPROC` is given.
 - It ignores the runtime asked for and runs every container under the service's own OCI runtime, while its info lists
-  runtimes that may not even be installed: that runtime is the only one it has here, and none is asked for.
+  runtimes that may not even be installed: that runtime is the only one it has here, none is asked for, and a
+  ``CODE_SANDBOX_RUNTIME`` naming another is refused (:func:`podman_ignores_runtime`). Where that runtime cannot run
+  (crun on hybrid cgroups), every start fails with "OCI runtime error": :func:`runtime_cannot_start` names the fix.
 - It ignores ``cgroupns: private``: a sandbox sees the host's cgroup paths in ``/proc/self/cgroup``.
 - Its AppArmor profile is ``containers-default-*``, not ``docker-default``: none is named, so Podman applies its own.
 - ``init`` needs catatonit; without it every create fails (:func:`_no_catatonit`).
@@ -413,6 +416,17 @@ def _no_catatonit() -> SandboxError:
     )
 
 
+def podman_ignores_runtime(own: str) -> SettingsError:
+    """The error for a runtime asked of Podman: its Docker-compatible API would ignore it and run the container under
+    the service's own runtime without a word."""
+    shown = own if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", own) else "its own"
+    return SettingsError(
+        env_name("runtime"),
+        f"is ignored by Podman's Docker-compatible API, which runs every container under the service's own runtime "
+        f"({shown}): unset it, or set that runtime in the Podman service's containers.conf ([engine] runtime)",
+    )
+
+
 def unavailable() -> SandboxError:
     return SandboxError(
         ErrorCode.CONTAINER_UNAVAILABLE,
@@ -435,7 +449,61 @@ def _translate(code: ErrorCode, message: str) -> Generator[None]:
         logger.debug("docker call failed: %s", type(exc).__name__)
         if isinstance(exc, docker.errors.DockerException) and not isinstance(exc, docker.errors.APIError):
             raise unavailable() from None
-        raise SandboxError(code, message) from None
+        raise SandboxError(code, message, engine_text=_engine_text(exc)) from None
+
+
+def _engine_text(exc: BaseException) -> str | None:
+    """What the engine said when it refused (an API error's explanation), for the operator; ``None`` for a failure on
+    this side of the wire, whose text is ours or the OS's, not the engine's."""
+    if not isinstance(exc, docker.errors.APIError):
+        return None
+    explanation = exc.explanation
+    if isinstance(explanation, bytes):
+        explanation = explanation.decode("utf-8", "replace")
+    return str(explanation or f"HTTP {exc.status_code}")
+
+
+_RUNTIME_REFUSALS = ("OCI runtime", "OCI permission denied")
+"""How an engine's answer to a start says that its OCI runtime refused the container: Docker's "OCI runtime create
+failed", Podman's "...: OCI runtime error" and "...: OCI permission denied"."""
+
+
+def _runtime_refused(exc: docker.errors.APIError) -> bool:
+    return exc.status_code == 500 and any(words in str(exc.explanation or "") for words in _RUNTIME_REFUSALS)
+
+
+PODMAN_RUNTIME_FIX = (
+    'set another runtime for the Podman service in containers.conf (under [engine]: runtime = "runc", with runc '
+    "installed) and restart the service"
+)
+PODMAN_HYBRID_CGROUPS_FIX = (
+    "crun cannot run containers on hybrid cgroups (cgroup v1 controllers beside a cgroup2 mount): under [engine] in "
+    'the Podman service\'s containers.conf set runtime = "runc" (with runc installed) and restart the service, or '
+    "boot the host with the unified cgroup v2 hierarchy alone: systemd.unified_cgroup_hierarchy=1 on its kernel "
+    "command line"
+)
+
+
+def runtime_cannot_start(product: str, runtime: RuntimeFacts, exc: docker.errors.APIError) -> SandboxError:
+    """The error for an engine whose OCI runtime refuses a sandbox's start: it names the runtime and, for the
+    operator, quotes the engine and names the fix."""
+    words = _engine_text(exc) or ""
+    name = runtime.name if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", runtime.name) else "in force"
+    if product == PODMAN:
+        hint = PODMAN_HYBRID_CGROUPS_FIX if "cgroups in hybrid mode" in words else PODMAN_RUNTIME_FIX
+        where = "Podman's"
+    else:
+        hint = (
+            "the engine's log says more; check that the runtime is installed and works on this host, or set "
+            "CODE_SANDBOX_RUNTIME to another runtime the engine has registered"
+        )
+        where = "the engine's"
+    return SandboxError(
+        ErrorCode.CONTAINER_START_FAILED,
+        f"{where} container runtime ({name}) cannot start containers on this host",
+        hint=hint,
+        engine_text=words,
+    )
 
 
 class DockerEngine:
@@ -604,6 +672,8 @@ class DockerEngine:
         """
         daemon = self.daemon_facts()
         name = self.runtime or daemon.default_runtime
+        if daemon.product == PODMAN and name != daemon.default_runtime:
+            raise podman_ignores_runtime(daemon.default_runtime)
         if name not in daemon.runtimes:
             raise unknown_runtime(daemon.runtimes)
         return RuntimeFacts(name, daemon.runtimes[name])
@@ -629,7 +699,11 @@ class DockerEngine:
             )
             for event in cast(Iterable[dict[str, Any]], events):
                 if "error" in event or "errorDetail" in event:
-                    raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "the Docker engine could not build the image")
+                    detail = cast(dict[str, Any], event.get("errorDetail") or {})
+                    words = str(event.get("error") or detail.get("message") or "")
+                    raise SandboxError(
+                        ErrorCode.IMAGE_BUILD_FAILED, "the Docker engine could not build the image", engine_text=words
+                    )
                 stream = str(event.get("stream", "")).strip()
                 if stream.startswith("Step "):
                     on_step(stream.split(" :", 1)[0])
@@ -715,8 +789,7 @@ class DockerEngine:
             if before_start is not None:
                 before_start(container_id)
             if start:
-                with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
-                    api.start(container_id)
+                self._start(container_id, runtime)
             return container_id
         except BaseException:
             with contextlib.suppress(SandboxError):
@@ -738,8 +811,16 @@ class DockerEngine:
 
     def start_container(self, container_id: str) -> None:
         """Start a container created with ``start=False`` (it then does not remove itself)."""
+        self._start(container_id, self.runtime_in_force())
+
+    def _start(self, container_id: str, runtime: RuntimeFacts) -> None:
         with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
-            self.api().start(container_id)
+            try:
+                self.api().start(container_id)
+            except docker.errors.APIError as exc:
+                if _runtime_refused(exc):
+                    raise runtime_cannot_start(self.daemon_facts().product, runtime, exc) from None
+                raise
 
     def remove_container(self, container_id: str) -> bool:
         """Force-remove a container (on Podman, and its tmpfs volumes). Returns ``False`` when Docker says it is

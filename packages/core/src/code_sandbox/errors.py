@@ -2,7 +2,9 @@
 
 Every failure a user can see is a :class:`SandboxError`: a code from :class:`ErrorCode` and a message written
 by us. Messages never carry submitted input, host paths, Docker text, container IDs or tracebacks, so they are
-always safe to show to a client, a terminal or a log.
+always safe to show to a client, a terminal or a log. What the engine itself said, when it refused, travels beside
+the message as :attr:`SandboxError.engine_text`, bounded and escaped, for the operator's surfaces only (the CLI,
+``doctor``, stderr logs); an MCP client never sees it.
 """
 
 from __future__ import annotations
@@ -46,13 +48,51 @@ class SandboxError(Exception):
     :param code: the stable code clients match on.
     :param message: a sentence written by us; never include user input or Docker/host details in it.
     :param hint: an optional one-line fix for an operator (CLI output only).
+    :param engine_text: what the engine said when it refused, for an operator (never for a client); it is kept as
+        :func:`engine_words` makes it.
     """
 
-    def __init__(self, code: ErrorCode, message: str, *, hint: str | None = None) -> None:
+    def __init__(
+        self, code: ErrorCode, message: str, *, hint: str | None = None, engine_text: str | None = None
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.hint = hint
+        self.engine_text = engine_words(engine_text) if engine_text else None
+        """The engine's own words, one bounded line with every control character escaped; ``None`` when it said
+        nothing. Shown on the operator's surfaces only: it may hold host paths, container IDs or names."""
+
+    def for_operator(self) -> str:
+        """The message with the engine's own words after it, for a terminal or a log (never for a client)."""
+        if self.engine_text is None:
+            return self.message
+        return f"{self.message}; the engine said: {self.engine_text}"
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+ENGINE_TEXT_LIMIT = 400
+"""Characters of the engine's words kept for an operator: enough for an OCI runtime's complaint, not a log dump."""
+
+
+def engine_words(text: str, limit: int = ENGINE_TEXT_LIMIT) -> str:
+    """An engine's message made safe for one line of a terminal, quoted: every character that is not printable
+    (control characters, escape sequences, line breaks, bidi and zero-width characters) is shown as its escape
+    (``\\x1b``, ``\\n``, ``\\u202e``) and a backslash or quote gets one before it, so nothing it says can move the
+    cursor or hide text; past ``limit`` characters it is cut, and ``...`` shows the cut."""
+    escaped: list[str] = []
+    size = 0
+    for char in text.strip():
+        if char in '\\"':
+            shown = "\\" + char
+        elif char.isprintable():
+            shown = char
+        else:
+            shown = repr(char)[1:-1]  # \x1b, \n, \u202e: an escape, never the character
+        if size + len(shown) > limit:
+            return '"' + "".join(escaped) + '..."'
+        escaped.append(shown)
+        size += len(shown)
+    return '"' + "".join(escaped) + '"'

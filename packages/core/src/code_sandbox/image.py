@@ -289,6 +289,9 @@ class VerifyReport:
     runtime_version: str | None = None
     packages: tuple[str, ...] = ()
     """The vendored packages the image's labels state (checked against the tree when the report passed)."""
+    start_error: SandboxError | None = None
+    """Why a hardened container of the image could not start, when it could not: the engine's fault, not the
+    image's, and what a server tells its client instead of an invalid image."""
 
     @property
     def passed(self) -> bool:
@@ -422,8 +425,10 @@ def _verify_run(
     request = ContainerRequest(image_id=image.id, command=watchdog, labels=_probe_labels(engine), apparmor=apparmor)
     try:
         container_id = engine.create_container(request)
-    except SandboxError:
-        report.add("hardened run", False, "a hardened container could not start")
+    except SandboxError as exc:  # an operator's surface: the engine's own words and the fix are shown
+        report.start_error = exc
+        fix = f" (fix: {exc.hint})" if exc.hint else ""
+        report.add("hardened run", False, f"a hardened container could not start: {exc.for_operator()}{fix}")
         return
     try:
         result = engine.exec(

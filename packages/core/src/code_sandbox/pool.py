@@ -98,7 +98,7 @@ class WarmPool:
                 while len(self._pool) + len(self._warming) < target and not self._closing:
                     await self._add_warm_container(pool_seconds)
             except SandboxError as error:
-                logger.warning("the warm pool could not be refilled (%s); retrying", error.code)
+                logger.warning("the warm pool could not be refilled (%s); retrying", error.for_operator())
             self._pool_changed = anyio.Event()
             with anyio.move_on_after(retry_seconds):
                 await self._pool_changed.wait()

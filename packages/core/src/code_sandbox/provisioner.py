@@ -212,6 +212,8 @@ class Provisioner:
                 key = await run_sync(verification_key, self.engine, self.profile, facts.id)
                 if self.verified is None or key not in self.verified:
                     report = await run_sync(verify_image, self.engine, self.profile)
+                    if report.start_error is not None:
+                        raise report.start_error
                     if not report.passed or report.image is None or report.image.id != facts.id:
                         raise _image_invalid()
                     if self.verified is not None:

@@ -301,6 +301,9 @@ class SandboxServer(Server[None]):
             return CallToolResult(content=blocks, structured_content=output.model_dump(mode="json"))
         except SandboxError as error:
             result_code = str(error.code)
+            if error.engine_text is not None:  # the engine's words are for the operator's log, never the client
+                logger.warning("tool %s failed: %s: %s", tool.name if tool else "<unknown>", error.code,
+                               error.for_operator())  # fmt: skip
             return error_result(error)
         except anyio.get_cancelled_exc_class():
             result_code = "CANCELLED"

@@ -106,4 +106,4 @@ class SandboxService:
                 )
             )
         except SandboxError as error:
-            logger.warning("start-up sweep skipped: %s", error.message)
+            logger.warning("start-up sweep skipped: %s", error.for_operator())

@@ -306,7 +306,7 @@ class SessionManager:
         try:
             await run_sync(self.engine.remove_container, session.container_id, abandon=abandon)
         except SandboxError as error:
-            logger.warning("session %s: container removal failed (%s); will retry", session.hash, error.code)
+            logger.warning("session %s: container removal failed (%s); will retry", session.hash, error.for_operator())
             raise SandboxError(
                 ErrorCode.CONTAINER_REMOVAL_FAILED,
                 "the sandbox could not be removed yet; it is disabled and removal will be retried",

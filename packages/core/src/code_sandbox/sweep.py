@@ -137,7 +137,7 @@ def apply_verdicts(
             # A volume is made before its container's create, which may take the engine's timeout and more.
             failures = engine.remove_leftover_volumes(tag=tag, grace=CREATED_GRACE_SECONDS + 3 * engine.timeout)
         except SandboxError as error:
-            logger.warning("could not list leftover sandbox volumes (%s)", error.code)
+            logger.warning("could not list leftover sandbox volumes (%s: %s)", error.code, error.for_operator())
         else:
             if failures:
                 logger.warning("%d leftover sandbox volume(s) could not be removed; the next sweep retries", failures)
