@@ -9,19 +9,28 @@ import logging
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import docker
+import docker.errors
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ENGINE_TEXT_LIMIT, ErrorCode, SandboxError, engine_words
+from code_sandbox.hardening import LABEL_EXPIRES_AT
 from code_sandbox.profile import Profile
+from code_sandbox_cli.main import app
 from mcp.types import TextContent
+from typer.testing import CliRunner
 
+from tests.conftest import WORKER_TAG
 from tests.support.engines import podman_engine
 from tests.support.run import command_env, worker_tag
 from tests.support.second_engine import load_image
 from tests.test_server import CLI, connect, error_code
+from tests.test_sessions import _managed_container  # pyright: ignore[reportPrivateUsage]
 
 pytestmark = [pytest.mark.docker]
 TAG = worker_tag("refusing")
@@ -134,3 +143,33 @@ async def test_a_client_gets_a_stable_code_and_the_operators_log_the_engines_wor
     for message in logged:
         _assert_quotes_the_engine(message)
     assert refusing.list_containers(f"io.code-sandbox.tag={TAG}") == []
+
+
+def test_reap_logs_what_the_engine_said_when_a_removal_failed(
+    engine: DockerEngine,
+    image_id: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))  # liveness markers: the test's own, not the user's
+    expired = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) - 5)})
+
+    def refuse(*args: Any, **kwargs: Any) -> None:  # a fault the engine cannot be made to show on demand
+        raise docker.errors.APIError(
+            "500 Server Error", explanation="driver failed to remove root filesystem " + HOSTILE
+        )
+
+    try:
+        monkeypatch.setattr(docker.APIClient, "remove_container", refuse)
+        caplog.set_level(logging.WARNING)
+        result = CliRunner().invoke(app, ["reap", "--tag", WORKER_TAG])
+    finally:
+        monkeypatch.undo()
+        engine.remove_container(expired)
+    assert result.exit_code == 1 and "REMOVAL FAILED" in result.output, result.output
+    [logged] = [record.getMessage() for record in caplog.records if "could not be removed" in record.getMessage()]
+    assert logged == (
+        "a managed container could not be removed: the sandbox container could not be removed; the engine said: "
+        '"driver failed to remove root filesystem \\x1b]52;c;cHduZWQ=\\x07\\x1b[2J\\u202e"'
+    )

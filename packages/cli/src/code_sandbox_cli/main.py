@@ -363,6 +363,7 @@ def reap(
         typer.echo("code-sandbox: --all removes live sandboxes too (fix: add --yes to confirm)", err=True)
         raise typer.Exit(2)
     _check_engine(settings)
+    _configure_logging(verbose=False)  # a failed removal is logged with the engine's words
     state_dir = default_state_dir()
     engine = DockerEngine.for_settings(settings)
     try:

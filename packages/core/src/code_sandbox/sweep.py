@@ -127,7 +127,8 @@ def apply_verdicts(
         else:
             try:
                 engine.remove_container(verdict.container.id)
-            except SandboxError:
+            except SandboxError as error:
+                logger.warning("a managed container could not be removed: %s", error.for_operator())
                 actions.append("REMOVAL FAILED")
             else:
                 removed.add(verdict.container.id)
