@@ -12,14 +12,17 @@ import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.profile import PackageSet
+from code_sandbox_javascript.registry import Registry, load_npm_config, npm_default_registry, parse_npmrc
 from code_sandbox_javascript.vendor import ARCHIVE_MAX_BYTES, fetch_https, vendor_lockfile
+
+from tests.support.npm_registry import LoopbackRegistry
 
 DATA = Path(__file__).parent / "data" / "packages"
 MS_TARBALL = DATA / "ms-2.1.3.tgz"
@@ -148,11 +151,26 @@ def test_a_download_that_is_not_https_is_refused_before_any_connection() -> None
     assert "https" in raised.value.message
 
 
-def test_an_entry_without_a_url_needs_a_directory(tmp_path: Path) -> None:
+def test_an_entry_without_a_url_comes_from_npms_default_registry_when_nothing_sets_one(tmp_path: Path) -> None:
+    fetched: list[str] = []
+
+    def fetch(address: str) -> bytes:
+        fetched.append(address)
+        return MS_TARBALL.read_bytes()
+
     lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()})
-    with pytest.raises(SandboxError) as raised:
-        vendor_lockfile(lock, sources=None, progress=lambda _text: None, fetch=lambda _url: b"")
-    assert "ms@2.1.3" in raised.value.message and raised.value.hint is not None and "--tarballs" in raised.value.hint
+    environ = {"HOME": str(tmp_path / "home"), "PATH": ""}
+    vendored = vendor_lockfile(lock, sources=None, progress=lambda _text: None, fetch=fetch, environ=environ)
+    default = npm_default_registry({"PATH": ""})  # the pinned Node.js wheel's npm, asked
+    assert default.startswith("https://") and default.endswith("/")
+    assert (vendored.packages, fetched) == (("ms@2.1.3",), [default + "ms/-/ms-2.1.3.tgz"])
+
+
+def test_npms_default_is_what_npm_says_with_no_config_but_its_own(tmp_path: Path) -> None:
+    (tmp_path / ".npmrc").write_text("registry=http://127.0.0.1:9/\n")
+    environ = {"PATH": "", "HOME": str(tmp_path), "npm_config_registry": "http://127.0.0.1:9/"}
+    assert npm_default_registry(environ) == npm_default_registry({"PATH": ""})  # neither setting reached it
+    assert npm_default_registry({"PATH": ""}).startswith("https://")
 
 
 def test_a_tampered_tarball_is_refused_naming_the_package(tmp_path: Path) -> None:
@@ -410,3 +428,271 @@ def test_a_scope_that_contains_node_modules_is_listed_by_its_whole_name(packages
     vendored = packages.vendor()
     assert vendored.packages == ("@xnode_modules/y@1.0.0",)
     assert "@xnode_modules/y/index.js" in vendored.files
+
+
+# Lockfiles without ``resolved`` (npm's omit-lockfile-registry-resolved): the tarball comes from the registry npm is
+# configured with. Each test reads npm's config from a given environment, never the machine's, and downloads only
+# from registries it serves on loopback.
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackRegistry]:
+    monkeypatch.setenv("no_proxy", "127.0.0.1")  # a proxy from the environment must not carry loopback requests
+    with LoopbackRegistry() as served:
+        yield served
+
+
+def npm_environment(root: Path, **settings: str) -> dict[str, str]:
+    """An environment with an empty home and no node on PATH (so no global npmrc), plus ``settings``."""
+    (root / "home").mkdir(exist_ok=True)
+    return {"HOME": str(root / "home"), "PATH": "", **settings}
+
+
+def vendor_without_urls(root: Path, environ: dict[str, str], entries: dict[str, dict[str, Any]]) -> PackageSet:
+    return vendor_lockfile(lockfile(root, entries), sources=None, progress=lambda _text: None, environ=environ)
+
+
+def vendor_refusal(root: Path, environ: dict[str, str], entries: dict[str, dict[str, Any]]) -> SandboxError:
+    with pytest.raises(SandboxError) as raised:
+        vendor_without_urls(root, environ, entries)
+    assert raised.value.code is ErrorCode.IMAGE_BUILD_FAILED
+    return raised.value
+
+
+def test_an_entry_without_resolved_is_downloaded_from_the_registry_in_the_projects_npmrc(
+    tmp_path: Path, registry: LoopbackRegistry
+) -> None:
+    registry.files["/mirror/npm/ms/-/ms-2.1.3.tgz"] = MS_TARBALL.read_bytes()
+    (tmp_path / ".npmrc").write_text(f"; the team's mirror\nregistry = {registry.url}/mirror/npm/ # trailing comment\n")
+    progress: list[str] = []
+    lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()})
+    vendored = vendor_lockfile(lock, sources=None, progress=progress.append, environ=npm_environment(tmp_path))
+    assert vendored.packages == ("ms@2.1.3",) and "ms/index.js" in vendored.files
+    assert registry.paths == ["/mirror/npm/ms/-/ms-2.1.3.tgz"]
+    assert any("`registry` in the project .npmrc" in line and "plain http" in line for line in progress)
+
+
+@pytest.mark.parametrize("variable", ["npm_config_registry", "NPM_CONFIG_REGISTRY"])
+def test_the_registry_in_the_environment_is_used_before_the_projects_npmrc(
+    tmp_path: Path, registry: LoopbackRegistry, variable: str
+) -> None:
+    registry.files["/ms/-/ms-2.1.3.tgz"] = MS_TARBALL.read_bytes()
+    (tmp_path / ".npmrc").write_text("registry=http://127.0.0.1:9/\n")  # port 9 (discard): never reached
+    environ = npm_environment(tmp_path, **{variable: registry.url})
+    assert vendor_without_urls(tmp_path, environ, {"node_modules/ms": ms_entry()}).packages == ("ms@2.1.3",)
+    assert registry.paths == ["/ms/-/ms-2.1.3.tgz"]
+
+
+def test_a_scoped_package_comes_from_its_scopes_registry_and_the_rest_from_the_default_one(tmp_path: Path) -> None:
+    util = tarball({"package/package.json": manifest("@corp/util"), "package/index.js": b"module.exports = 2\n"})
+    with LoopbackRegistry() as public, LoopbackRegistry() as corporate:
+        public.files["/ms/-/ms-2.1.3.tgz"] = MS_TARBALL.read_bytes()
+        corporate.files["/@corp/util/-/util-1.0.0.tgz"] = util
+        (tmp_path / ".npmrc").write_text(f"registry={public.url}\n")
+        environ = npm_environment(tmp_path, **{"no_proxy": "127.0.0.1", "npm_config_@corp:registry": corporate.url})
+        entries = {"node_modules/ms": ms_entry(), "node_modules/@corp/util": {"version": "1.0.0",
+                   "integrity": integrity(util)}}  # fmt: skip
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("no_proxy", "127.0.0.1")
+            vendored = vendor_without_urls(tmp_path, environ, entries)
+        assert vendored.packages == ("@corp/util@1.0.0", "ms@2.1.3")
+        assert (public.paths, corporate.paths) == (["/ms/-/ms-2.1.3.tgz"], ["/@corp/util/-/util-1.0.0.tgz"])
+
+
+def test_a_tarball_from_the_registry_that_does_not_match_its_integrity_is_refused(
+    tmp_path: Path, registry: LoopbackRegistry
+) -> None:
+    registry.files["/ms/-/ms-2.1.3.tgz"] = MS_TARBALL.read_bytes() + b"\0"
+    environ = npm_environment(tmp_path, npm_config_registry=registry.url)
+    refusal = vendor_refusal(tmp_path, environ, {"node_modules/ms": ms_entry()})
+    assert "package ms@2.1.3 does not match the lockfile's integrity" in refusal.message
+
+
+def test_an_entry_without_resolved_or_integrity_is_refused_before_any_download(
+    tmp_path: Path, registry: LoopbackRegistry
+) -> None:
+    environ = npm_environment(tmp_path, npm_config_registry=registry.url)
+    entry = {"version": "2.1.3"}
+    assert "has no sha512 integrity" in vendor_refusal(tmp_path, environ, {"node_modules/ms": entry}).message
+    assert registry.requests == []
+
+
+def test_a_registry_that_asks_for_a_login_is_refused_and_no_token_is_ever_sent(
+    tmp_path: Path, registry: LoopbackRegistry
+) -> None:
+    registry.statuses["/ms/-/ms-2.1.3.tgz"] = 401
+    user = tmp_path / "user.npmrc"
+    host = registry.url.removeprefix("http:")
+    user.write_text(f"registry={registry.url}/\n{host}/:_authToken=s3cr3t-token\n{host}/:_auth=dXNlcjpwYXNz\n")
+    environ = npm_environment(tmp_path, NPM_CONFIG_USERCONFIG=str(user))
+    refusal = vendor_refusal(tmp_path, environ, {"node_modules/ms": ms_entry()})
+    assert "HTTP 401" in refusal.message and "the user's npmrc" in refusal.message
+    assert refusal.hint is not None and "--tarballs" in refusal.hint
+    assert "s3cr3t" not in str(refusal) and "s3cr3t" not in refusal.hint
+    assert [headers.get("authorization") for _path, headers in registry.requests] == [None]
+
+
+def test_a_registry_missing_a_tarball_names_the_package_and_where_the_registry_was_set(
+    tmp_path: Path, registry: LoopbackRegistry
+) -> None:
+    environ = npm_environment(tmp_path, npm_config_registry=registry.url)
+    refusal = vendor_refusal(tmp_path, environ, {"node_modules/ms": ms_entry()})
+    assert refusal.message == (
+        "package ms@2.1.3 could not be downloaded from the registry named by `registry` in the environment: "
+        "the server answered HTTP 404 (no such tarball there)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("ftp://127.0.0.1/ms.tgz", "the server redirected to a URL that is not http or https"),
+        ("file:///etc/passwd", "the server answered HTTP 302, a redirect that is not followed"),
+    ],
+)
+def test_a_registry_redirect_to_another_scheme_is_refused(
+    tmp_path: Path, registry: LoopbackRegistry, target: str, reason: str
+) -> None:
+    registry.redirects["/ms/-/ms-2.1.3.tgz"] = target
+    environ = npm_environment(tmp_path, npm_config_registry=registry.url)
+    refusal = vendor_refusal(tmp_path, environ, {"node_modules/ms": ms_entry()})
+    assert refusal.message.endswith(reason) and registry.paths == ["/ms/-/ms-2.1.3.tgz"]
+
+
+def test_a_registry_redirect_on_http_is_followed(tmp_path: Path, registry: LoopbackRegistry) -> None:
+    registry.redirects["/ms/-/ms-2.1.3.tgz"] = f"{registry.url}/blobs/ms"
+    registry.files["/blobs/ms"] = MS_TARBALL.read_bytes()
+    environ = npm_environment(tmp_path, npm_config_registry=registry.url)
+    assert vendor_without_urls(tmp_path, environ, {"node_modules/ms": ms_entry()}).packages == ("ms@2.1.3",)
+    assert registry.paths == ["/ms/-/ms-2.1.3.tgz", "/blobs/ms"]
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("file:///etc/npm/", "is not an http or https URL"),
+        ("ftp://127.0.0.1/npm/", "is not an http or https URL"),
+        ("javascript:alert(1)//", "is not an http or https URL"),
+        ("127.0.0.1:4873", "is not an http or https URL"),
+        ("https://", "has no host"),
+        ("https://user:pa55word@127.0.0.1/", "carries credentials"),
+        ("https://127.0.0.1/npm?token=pa55word", "has a query or a fragment"),
+        ("https://127.0.0.1:99999999/", "is not a URL"),
+        ("https://127.0.0.1/\x1b]0;owned\x07/", "has a space or a control character"),
+    ],
+)
+def test_a_registry_that_is_not_a_plain_http_or_https_url_is_refused_before_any_download(
+    tmp_path: Path, value: str, reason: str
+) -> None:
+    fetched: list[str] = []
+
+    def fetch(address: str) -> bytes:
+        fetched.append(address)
+        return b""
+
+    (tmp_path / ".npmrc").write_text(f"registry={json.dumps(value)}\n")
+    lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()})
+    with pytest.raises(SandboxError) as raised:
+        vendor_lockfile(lock, sources=None, progress=lambda _t: None, fetch=fetch, environ=npm_environment(tmp_path))
+    assert raised.value.code is ErrorCode.IMAGE_BUILD_FAILED and fetched == []
+    assert raised.value.message.startswith(f"the registry named by `registry` in the project .npmrc {reason}")
+    assert "pa55word" not in str(raised.value) and "\x1b" not in str(raised.value)
+
+
+def test_with_tarballs_npms_config_is_never_read(tmp_path: Path) -> None:
+    (tmp_path / ".npmrc").write_text("registry=file:///nowhere/\n")  # refused if it were read
+    sources = tmp_path / "tarballs"
+    sources.mkdir()
+    (sources / "ms.tgz").write_bytes(MS_TARBALL.read_bytes())
+    lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()})
+    vendored = vendor_lockfile(lock, sources=sources, progress=lambda _t: None, environ=npm_environment(tmp_path))
+    assert vendored.packages == ("ms@2.1.3",)
+
+
+def test_an_alias_without_resolved_is_fetched_by_its_real_name(tmp_path: Path) -> None:
+    fetched: list[str] = []
+
+    def fetch(address: str) -> bytes:
+        fetched.append(address)
+        return MS_TARBALL.read_bytes()
+
+    lock = lockfile(tmp_path, {"node_modules/tiny-ms": {**ms_entry(), "name": "ms"}})
+    environ = npm_environment(tmp_path, npm_config_registry="http://127.0.0.1:9/npm")
+    vendored = vendor_lockfile(lock, sources=None, progress=lambda _t: None, fetch=fetch, environ=environ)
+    assert (vendored.packages, fetched) == (("tiny-ms@2.1.3",), ["http://127.0.0.1:9/npm/ms/-/ms-2.1.3.tgz"])
+
+
+def test_an_alias_of_a_name_npm_refuses_is_refused_without_a_url(tmp_path: Path) -> None:
+    lock = lockfile(tmp_path, {"node_modules/ms": {**ms_entry(), "name": "../../x"}})
+    with pytest.raises(SandboxError) as raised:
+        vendor_lockfile(lock, sources=None, progress=lambda _t: None, environ=npm_environment(tmp_path))
+    assert raised.value.message == "package ms@2.1.3 is an alias of a name npm refuses"
+
+
+def test_tarball_urls_keep_the_scopes_slash_and_drop_the_scope_from_the_file_name() -> None:
+    registry = Registry(url="https://packages.example/api/npm", source="a test")
+    assert registry.tarball_url("@corp/util", "1.2.3-rc.1") == (
+        "https://packages.example/api/npm/@corp/util/-/util-1.2.3-rc.1.tgz"
+    )
+    assert registry.tarball_url("ms", "2.1.3") == "https://packages.example/api/npm/ms/-/ms-2.1.3.tgz"
+
+
+def test_npm_settings_are_taken_from_the_environment_then_the_project_then_the_user_then_the_global_config(
+    tmp_path: Path,
+) -> None:
+    project, home, prefix = tmp_path / "project", tmp_path / "home", tmp_path / "prefix"
+    for directory in (project, home, prefix / "etc"):
+        directory.mkdir(parents=True)
+    (prefix / "etc" / "npmrc").write_text(
+        "registry=http://global.test/\n@a:registry=http://global.test/a/\n@b:registry=http://global.test/b/\n"
+        "@c:registry=http://global.test/c/\n@d:registry=http://global.test/d/\n"
+    )
+    (home / ".npmrc").write_text("@b:registry=http://user.test/b/\n@c:registry=http://user.test/c/\n"
+                                 "@d:registry=http://user.test/d/\n")  # fmt: skip
+    (project / ".npmrc").write_text("@c:registry=${MIRROR}/c/\n@d:registry='http://project.test/d/'\n")
+    environ = {"HOME": str(home), "PATH": "", "PREFIX": str(prefix), "MIRROR": "http://project.test",
+               "npm_config_@d:registry": "http://env.test/d/"}  # fmt: skip
+    config = load_npm_config(project, environ)
+    found = {name: config.registry_for(name) for name in ("x", "@a/x", "@b/x", "@c/x", "@d/x")}
+    assert {name: (registry.url, registry.source) for name, registry in found.items()} == {
+        "x": ("http://global.test", "`registry` in the global npmrc"),
+        "@a/x": ("http://global.test/a", "`@a:registry` in the global npmrc"),
+        "@b/x": ("http://user.test/b", "`@b:registry` in the user's npmrc"),
+        "@c/x": ("http://project.test/c", "`@c:registry` in the project .npmrc"),
+        "@d/x": ("http://env.test/d", "`@d:registry` in the environment"),
+    }
+
+
+def test_the_user_and_global_config_files_can_be_moved_as_in_npm(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere.npmrc").write_text("@u:registry=http://user.test/\n")
+    (tmp_path / "system.npmrc").write_text("registry=http://global.test/\n")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / ".npmrc").write_text("registry=http://ignored.test/\n")
+    environ = {"HOME": str(tmp_path / "home"), "PATH": "", "NPM_CONFIG_USERCONFIG": str(tmp_path / "elsewhere.npmrc"),
+               "npm_config_globalconfig": str(tmp_path / "system.npmrc")}  # fmt: skip
+    config = load_npm_config(tmp_path, environ)
+    assert config.registry_for("@u/x").url == "http://user.test"
+    assert config.registry_for("x").url == "http://global.test"
+
+
+def test_the_scope_setting_sends_unscoped_packages_to_that_scopes_registry(tmp_path: Path) -> None:
+    (tmp_path / ".npmrc").write_text("scope=corp\n@corp:registry=http://corp.test/\nregistry=http://other.test/\n")
+    config = load_npm_config(tmp_path, npm_environment(tmp_path))
+    assert config.registry_for("ms").url == "http://corp.test"
+
+
+def test_npmrc_text_is_read_as_npms_ini_parser_reads_it() -> None:
+    text = (
+        '# comment\n; comment\nregistry = http://a.test/ ; note\nquoted="http://b.test/#x"\n'
+        "single='http://c.test/'\nescaped=a\\;b\\#c\nbare\nlist[]=1\nmissing=${NOT_SET}\nset=${SET}/x\n"
+        "escaped-ref=\\${SET}\n[section]\nregistry=http://section.test/\n"
+    )
+    assert parse_npmrc(text, {"SET": "yes"}) == {
+        "registry": "http://a.test/",
+        "quoted": "http://b.test/#x",
+        "single": "http://c.test/",
+        "escaped": "a;b#c",
+        "missing": "${NOT_SET}",
+        "set": "yes/x",
+        "escaped-ref": "${SET}",
+    }

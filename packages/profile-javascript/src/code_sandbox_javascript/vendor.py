@@ -4,7 +4,8 @@ Every package the lockfile lists is checked before anything is fetched (a regist
 integrity, no install script, not bundled, not a link), its tarball is checked against that integrity before it
 is opened, and every entry of the tarball is checked before its bytes are kept: regular files and directories at
 safe relative paths only, no native code, no install scripts. Everything happens in memory; nothing from a package
-ever runs, and nothing is written to the host.
+ever runs, and nothing is written to the host. A tarball comes from its entry's ``resolved`` URL, or, for an entry
+without one (npm's ``omit-lockfile-registry-resolved``), from the registry npm is configured with (:mod:`.registry`).
 """
 
 from __future__ import annotations
@@ -13,19 +14,22 @@ import base64
 import hashlib
 import io
 import json
+import os
 import platform
 import re
 import tarfile
 import urllib.error
 import urllib.request
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn, cast
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.profile import PackageSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from code_sandbox_javascript.registry import NpmConfig, Registry, load_npm_config
 
 LOCKFILE_MAX_BYTES = 32 * 1024 * 1024
 TARBALL_MAX_BYTES = 64 * 1024 * 1024
@@ -42,10 +46,12 @@ INSTALL_SCRIPTS = ("preinstall", "install", "postinstall")
 """The lifecycle scripts npm runs when it installs a registry package (``prepare`` runs only for git sources)."""
 
 Fetch = Callable[[str], bytes]
-"""Downloads an https URL (a lockfile's ``resolved``) and returns the body."""
+"""Downloads an http or https URL (a lockfile's https ``resolved``, or a tarball URL on npm's registry) and returns
+the body."""
 
 _NAME = r"(?!node_modules(?:/|$))(?!favicon\.ico(?:/|$))[A-Za-z0-9][A-Za-z0-9._~-]*"
 _INSTALL_NAME = rf"(?:@{_NAME}/)?{_NAME}"
+_INSTALL_NAME_ONLY = re.compile(_INSTALL_NAME)
 _KEY = re.compile(rf"(?:node_modules/{_INSTALL_NAME}/)*node_modules/(?P<name>{_INSTALL_NAME})")
 """A lockfile key: where a package is installed, its parents' directories first; ``name`` is its own."""
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+-]*")
@@ -98,13 +104,17 @@ def vendor_lockfile(
     progress: Callable[[str], None],
     forbidden_names: Iterable[str] = (),
     fetch: Fetch | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> PackageSet:
     """Check and unpack every package ``lockfile`` lists.
 
     :param sources: a directory of tarballs (found by content, whatever their names) or an npm cache; when
-        given, nothing is downloaded. Else each tarball comes from its entry's ``resolved`` https URL.
+        given, nothing is downloaded. Else each tarball comes from its entry's ``resolved`` https URL or, without
+        one, from the registry npm would use for it (npm's config beside the lockfile, the user's, the global one).
     :param forbidden_names: package names refused outright (package managers).
-    :param fetch: how a URL is downloaded (:func:`fetch_https` by default).
+    :param fetch: how a URL is downloaded (:func:`fetch_url` by default).
+    :param environ: the environment npm's config is read from (``npm_config_*``, ``HOME``, ``PREFIX``, ``PATH``);
+        :data:`os.environ` by default.
     """
     packages = [_checked_entry(key, entry, frozenset(forbidden_names)) for key, entry in _read_lockfile(lockfile)]
     here = ("linux", _NODE_ARCH.get(platform.machine().lower(), platform.machine().lower()), "glibc")
@@ -124,11 +134,17 @@ def vendor_lockfile(
     if not any(package.importable for package in kept):
         raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "the lockfile lists no packages to vendor")
     store = _Tarballs(sources) if sources is not None else None
+    urls: dict[str, tuple[str, Registry | None]] = {}
+    if store is None:
+        urls = _tarball_urls(kept, lockfile.parent, os.environ if environ is None else environ, progress)
     progress(f"vendoring {len(kept)} packages" + (" from the given tarballs" if store else ""))
     files: dict[str, bytes] = {}
     total = 0
     for package in kept:
-        tarball = store.get(package) if store is not None else _download(package, fetch or fetch_https)
+        if store is not None:
+            tarball = store.get(package)
+        else:
+            tarball = _download(package, *urls[package.key], fetch or fetch_url)
         if not any(hashlib.sha512(tarball).digest() == digest for digest in package.digests):
             _refuse(package.label, "does not match the lockfile's integrity (sha512): the tarball was changed")
         unpacked = _unpack(package.label, tarball)
@@ -293,40 +309,106 @@ def _read_tarball(path: Path, label: str) -> bytes:
     return data
 
 
-def _download(package: _Package, fetch: Fetch) -> bytes:
-    if package.entry.resolved is None:
+def _tarball_urls(
+    packages: list[_Package], project: Path, environ: Mapping[str, str], progress: Callable[[str], None]
+) -> dict[str, tuple[str, Registry | None]]:
+    """Each package's tarball URL, and the registry it was derived from when the lockfile records none; npm's
+    config is read only when some entry needs it, and every URL is known before the first download."""
+    config: NpmConfig | None = None
+    urls: dict[str, tuple[str, Registry | None]] = {}
+    counts: dict[Registry, int] = {}
+    for package in packages:
+        if package.entry.resolved is not None:
+            urls[package.key] = (package.entry.resolved, None)
+            continue
+        name = package.entry.name if package.entry.name is not None else package.install_name
+        if _INSTALL_NAME_ONLY.fullmatch(name) is None:
+            _refuse(package.label, "is an alias of a name npm refuses")
+        if config is None:
+            config = load_npm_config(project, environ)
+        registry = config.registry_for(name)
+        urls[package.key] = (registry.tarball_url(name, package.version), registry)
+        counts[registry] = counts.get(registry, 0) + 1
+    for registry, count in counts.items():
+        progress(
+            f"{count} {'package' if count == 1 else 'packages'} without a resolved URL from "
+            f"{_printable(registry.url)}/ ({registry.source})"
+            + (": plain http, each tarball still checked against its integrity" if registry.plain_http else "")
+        )
+    return urls
+
+
+def _download(package: _Package, url: str, registry: Registry | None, fetch: Fetch) -> bytes:
+    try:
+        return fetch(url)
+    except SandboxError as error:
+        where = f" from the registry named by {registry.source}" if registry is not None else ""
         raise SandboxError(
             ErrorCode.IMAGE_BUILD_FAILED,
-            f"package {package.label}: the lockfile records no URL for it (resolved)",
-            hint="pass --tarballs with a directory of the tarballs or an npm cache (see README)",
-        )
-    try:
-        return fetch(package.entry.resolved)
-    except SandboxError as error:
-        _refuse(package.label, f"could not be downloaded: {error.message}")
+            f"package {package.label} could not be downloaded{where}: {error.message}",
+            hint="pass --tarballs with a directory of the tarballs or an npm cache (README, Offline package sets)",
+        ) from None
 
 
-class _HttpsOnly(urllib.request.HTTPRedirectHandler):
+class _NoDowngrade(urllib.request.HTTPRedirectHandler):
+    """Redirects stay on http or https, and never go from https down to http."""
+
+    def __init__(self, allow_http: bool) -> None:
+        super().__init__()
+        self.allow_http = allow_http
+
     def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
-        if not newurl.startswith("https://"):
-            raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "the registry redirected away from https")
+        https_only = str(req.full_url).startswith("https://") or not self.allow_http
+        if not newurl.startswith("https://") and (https_only or not newurl.startswith("http://")):
+            allowed = "https" if https_only else "http or https"
+            fp.close()  # the redirect's own response, which urllib would otherwise leave open
+            raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"the server redirected to a URL that is not {allowed}")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def fetch_https(url: str) -> bytes:
     """Download ``url`` (https only, redirects too) within :data:`TARBALL_MAX_BYTES`."""
-    if not url.startswith("https://"):
-        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "only https URLs are fetched")
-    opener = urllib.request.build_opener(_HttpsOnly())
-    request = urllib.request.Request(url, headers={"Accept": "application/octet-stream"})  # noqa: S310 - https only
+    return _fetch(url, allow_http=False)
+
+
+def fetch_url(url: str) -> bytes:
+    """Download ``url`` (http or https; a redirect never leaves https once there) within :data:`TARBALL_MAX_BYTES`.
+    Plain http is for registries npm is configured with: every tarball is checked against its sha512 integrity
+    before it is opened, so the transport cannot change what is vendored."""
+    return _fetch(url, allow_http=True)
+
+
+def _fetch(url: str, *, allow_http: bool) -> bytes:
+    if not url.startswith("https://") and not (allow_http and url.startswith("http://")):
+        allowed = "http and https URLs are" if allow_http else "https URLs are"
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"only {allowed} fetched")
+    opener = urllib.request.build_opener(_NoDowngrade(allow_http))
+    # No credential is ever added: an Authorization header goes nowhere, whatever npm's config holds.
+    request = urllib.request.Request(url, headers={"Accept": "application/octet-stream"})  # noqa: S310 - http(s) only
     try:
         with opener.open(request, timeout=60) as response:
             data: bytes = response.read(TARBALL_MAX_BYTES + 1)
+    except urllib.error.HTTPError as error:
+        error.close()
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, _http_failure(error.code)) from None
     except (urllib.error.URLError, OSError, ValueError):
         raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "the download failed") from None
     if len(data) > TARBALL_MAX_BYTES:
         raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"the tarball is larger than {TARBALL_MAX_BYTES // 2**20} MiB")
     return data
+
+
+def _http_failure(status: int) -> str:
+    if status in (401, 403):
+        return (
+            f"the server answered HTTP {status}; registries that need a login are not supported "
+            "(fill an npm cache with npm and pass it as --tarballs)"
+        )
+    if status == 404:
+        return "the server answered HTTP 404 (no such tarball there)"
+    if 300 <= status < 400:
+        return f"the server answered HTTP {status}, a redirect that is not followed"
+    return f"the server answered HTTP {status}"
 
 
 def _unpack(label: str, tarball: bytes) -> dict[str, bytes]:
