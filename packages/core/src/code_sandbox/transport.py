@@ -16,6 +16,7 @@ import abc
 import contextlib
 import itertools
 import json
+import logging
 import struct
 import threading
 import time
@@ -51,6 +52,8 @@ from code_sandbox.protocol import (
     parse_answer,
     parse_message,
 )
+
+logger = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 FileRequest = WriteRequest | ListRequest | ReadRequest | DeleteRequest | DigestRequest | InventoryRequest
@@ -165,16 +168,19 @@ class Transport(abc.ABC):
 def untrusted(on_failure: Callable[[], None] = lambda: None) -> Generator[None]:
     """The one place where anything that goes wrong while talking to a helper (a nonzero exit, a broken stream, a
     line no model accepts, any exception at all) becomes :class:`HelperCrash`; ``TIMEOUT`` and
-    ``CONTAINER_UNAVAILABLE`` pass through. ``on_failure`` runs first (a channel drops itself)."""
+    ``CONTAINER_UNAVAILABLE`` pass through. ``on_failure`` runs first (a channel drops itself). The log says what
+    went wrong, in our words or by exception type only, so that a crash can be told from a broken stream."""
     try:
         yield
     except SandboxError as error:
         on_failure()
         if error.code in (ErrorCode.TIMEOUT, ErrorCode.CONTAINER_UNAVAILABLE):
             raise
+        logger.warning("a sandbox helper failed: %s", error.for_operator())
         raise HelperCrash() from None
-    except Exception:
+    except Exception as error:
         on_failure()
+        logger.warning("a sandbox helper failed: %s", type(error).__name__)
         raise HelperCrash() from None
 
 
