@@ -5,10 +5,12 @@ as crun cannot on hybrid cgroups: a Podman service of the module's own runs a ru
 
 from __future__ import annotations
 
+import io
 import logging
 import stat
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,3 +175,34 @@ def test_reap_logs_what_the_engine_said_when_a_removal_failed(
         "a managed container could not be removed: the sandbox container could not be removed; the engine said: "
         '"driver failed to remove root filesystem \\x1b]52;c;cHduZWQ=\\x07\\x1b[2J\\u202e"'
     )
+
+
+def _context(dockerfile: str) -> io.BytesIO:
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        data = dockerfile.encode()
+        entry = tarfile.TarInfo("Dockerfile")
+        entry.size = len(data)
+        tar.addfile(entry, io.BytesIO(data))
+    context.seek(0)
+    return context
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "said"),
+    [
+        ("FROMX\x1b[2J scratch\n", "unknown instruction: FROMX\\x1b[2J"),  # refused before it starts
+        ("FROM scratch\nCOPY missing /x\n", "COPY failed: "),  # failed midway, in the build's stream
+    ],
+)
+def test_a_build_the_engine_refuses_carries_its_words_escaped(engine: DockerEngine, dockerfile: str, said: str) -> None:
+    tag = f"code-sandbox-test-refused-{TAG}:1"
+    with pytest.raises(SandboxError) as caught:
+        engine.build_image(_context(dockerfile), tag=tag, labels={}, on_step=lambda _step: None)
+    assert (caught.value.code, caught.value.message) == (
+        ErrorCode.IMAGE_BUILD_FAILED,
+        "the Docker engine could not build the image",
+    )
+    words = caught.value.engine_text
+    assert words is not None and words.startswith('"') and said in words and "\x1b" not in words
+    assert engine.image_facts(tag) is None

@@ -697,19 +697,24 @@ class DockerEngine:
                 decode=True,
                 timeout=600,
             )
+            failure: str | None = None
             for event in cast(Iterable[dict[str, Any]], events):
+                if failure is not None:
+                    continue  # read to the end, which comes right after an error: the connection is then released
                 if "error" in event or "errorDetail" in event:
                     detail = cast(dict[str, Any], event.get("errorDetail") or {})
-                    words = str(event.get("error") or detail.get("message") or "")
-                    raise SandboxError(
-                        ErrorCode.IMAGE_BUILD_FAILED, "the Docker engine could not build the image", engine_text=words
-                    )
+                    failure = str(event.get("error") or detail.get("message") or "")
+                    continue
                 stream = str(event.get("stream", "")).strip()
                 if stream.startswith("Step "):
                     on_step(stream.split(" :", 1)[0])
                 aux = event.get("aux")
                 if isinstance(aux, dict) and "ID" in aux:
                     image_id = str(cast(dict[str, Any], aux)["ID"])
+            if failure is not None:
+                raise SandboxError(
+                    ErrorCode.IMAGE_BUILD_FAILED, "the Docker engine could not build the image", engine_text=failure
+                )
         if image_id is None:
             facts = self.image_facts(tag)
             if facts is None:
