@@ -178,9 +178,13 @@ def test_a_runtime_setting_podman_would_ignore_is_refused_at_start_with_exit_2_a
         assert result.returncode == 2, (argv, result.stderr)
         assert result.stderr == (
             "code-sandbox: CODE_SANDBOX_RUNTIME is ignored by Podman's Docker-compatible API, which runs every "
-            f"container under the service's own runtime ({own}): unset it, or set that runtime in the Podman "
-            "service's containers.conf ([engine] runtime)\n"
+            f"container under the service's own runtime ({own}) (fix: unset it; for another runtime set "
+            'runtime = "NAME" under [engine] in the service\'s containers.conf)\n'
         )
+    doctor = subprocess.run([CLI, "doctor"], env=environment, capture_output=True, text=True, timeout=120, check=False)
+    row = next(line for line in doctor.stdout.splitlines() if line[6:26].strip() == "runtime")
+    assert row.startswith("FAIL") and "is ignored by Podman's Docker-compatible API" in row, doctor.stdout
+    assert 'set runtime = "NAME" under [engine] in the service\'s containers.conf' in doctor.stdout
     environment["CODE_SANDBOX_RUNTIME"] = own  # what Podman runs anyway: nothing is ignored
     result = subprocess.run([CLI, "reap", "--dry-run"], env=environment, capture_output=True, text=True, timeout=60,
                             check=False)  # fmt: skip

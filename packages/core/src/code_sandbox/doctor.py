@@ -164,7 +164,9 @@ def _check_runtime(findings: list[Finding], engine: DockerEngine, *, runsc: str 
         runtime = engine.runtime_in_force()
     except SandboxError as error:
         findings.append(
-            Finding("runtime", False, error.message, "set CODE_SANDBOX_RUNTIME to one of those, or unset it")
+            Finding(
+                "runtime", False, error.message, error.hint or "set CODE_SANDBOX_RUNTIME to one of those, or unset it"
+            )
         )
         return False
     if runtime.user_space_kernel:

@@ -420,11 +420,13 @@ def podman_ignores_runtime(own: str) -> SettingsError:
     """The error for a runtime asked of Podman: its Docker-compatible API would ignore it and run the container under
     the service's own runtime without a word."""
     shown = own if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", own) else "its own"
-    return SettingsError(
+    error = SettingsError(
         env_name("runtime"),
         f"is ignored by Podman's Docker-compatible API, which runs every container under the service's own runtime "
-        f"({shown}): unset it, or set that runtime in the Podman service's containers.conf ([engine] runtime)",
+        f"({shown})",
     )
+    error.hint = 'unset it; for another runtime set runtime = "NAME" under [engine] in the service\'s containers.conf'
+    return error
 
 
 def unavailable() -> SandboxError:
