@@ -101,9 +101,12 @@ def test_doctor_says_podmans_runtime_cannot_run_here_quotes_the_engine_and_names
     assert rows["docker"].startswith("PASS") and rows["runtime"].startswith("PASS"), result.stdout
     row = rows["hardening enforced"]
     assert row.startswith("FAIL"), result.stdout
-    assert "Podman's container runtime (refuser) cannot start containers on this host" in row
+    assert "Podman's container runtime cannot start containers on this host" in row
     _assert_quotes_the_engine(row)
     fix = result.stdout[result.stdout.index(row) + len(row) :]
+    assert fix.strip().startswith("fix: the runtime is refuser; crun cannot run containers on hybrid cgroups"), fix
+    image = next(line for line in result.stdout.splitlines() if line[6:26].strip() == "image")
+    assert image.startswith("FAIL") and "build-image" not in result.stdout[result.stdout.index(image) :]
     assert 'runtime = "runc"' in fix and "systemd.unified_cgroup_hierarchy=1" in fix, result.stdout
     assert "\x1b" not in result.stdout + result.stderr
 
@@ -118,10 +121,13 @@ def test_verify_image_and_run_quote_the_engine_and_name_the_fix(refusing: Docker
     ran = _operator_command(refusing, "run", str(tmp_path))
     assert ran.returncode == 1 and ran.stdout == ""
     [line] = ran.stderr.splitlines()  # one line: the error, the engine's words, the fix
-    assert "Podman's container runtime (refuser) cannot start containers on this host" in line
+    assert "Podman's container runtime cannot start containers on this host" in line
+    assert "(fix: the runtime is refuser; crun cannot run containers on hybrid cgroups" in line
     assert line.endswith("systemd.unified_cgroup_hierarchy=1 on its kernel command line)")
     _assert_quotes_the_engine(line)
-    assert refusing.list_containers(f"io.code-sandbox.tag={command_env()['CODE_SANDBOX_TAG']}") == []
+    cli_tag = command_env()["CODE_SANDBOX_TAG"]
+    assert refusing.list_containers(f"io.code-sandbox.tag={cli_tag}") == []
+    assert refusing.sandbox_volumes(tag=cli_tag) == []
 
 
 @pytest.mark.anyio
@@ -137,9 +143,9 @@ async def test_a_client_gets_a_stable_code_and_the_operators_log_the_engines_wor
         assert error_code(result) == "CONTAINER_START_FAILED"
         [block] = result.content
         assert isinstance(block, TextContent)
-        assert block.text == (
-            "CONTAINER_START_FAILED: Podman's container runtime (refuser) cannot start containers on this host"
-        )
+        assert block.text == ("CONTAINER_START_FAILED: Podman's container runtime cannot start containers on this host")
+        shown = result.model_dump_json()  # the text block and the structured content alike
+        assert "refuser" not in shown and "hybrid" not in shown and "zzz" not in shown
     logged = [record.getMessage() for record in caplog.records if "the engine said" in record.getMessage()]
     assert len(logged) == 2, caplog.text
     for message in logged:

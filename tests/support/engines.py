@@ -43,12 +43,14 @@ def containers_conf(runtime: tuple[str, str] | None = None) -> str:
     """The service's configuration. An exec's two conmon processes wait :data:`EXIT_COMMAND_DELAY` seconds after it
     ends before they run its cleanup (Podman's default, 300, keeps hundreds of them alive through a run).
 
-    The OCI runtime is ``runtime`` (name, binary) when given, else runc wherever it is installed (the Docker engine
-    brings it): Podman prefers crun when both are there, and crun refuses every container on a host with hybrid cgroups,
-    as this kind of machine has (``doctor`` diagnoses that for an operator; ``test_doctor_names_the_fix_...`` shows
-    it). Podman's own choice stands where runc is missing."""
+    The OCI runtime is ``runtime`` (name, binary) when given. Else, on a host with hybrid cgroups (v1 controllers
+    beside a cgroup2 mount, as this kind of machine has), it is runc wherever runc is installed (the Docker engine
+    brings it): Podman prefers crun when both are there, and crun refuses every container on such a host (``doctor``
+    diagnoses that for an operator, as ``tests/test_engine_refusals.py`` shows). Elsewhere Podman's own choice
+    stands."""
     lines = ["[engine]", f"exit_command_delay = {EXIT_COMMAND_DELAY}"]
-    if runtime is None and shutil.which("runc") is not None:
+    hybrid = Path("/sys/fs/cgroup/unified").is_dir()
+    if runtime is None and hybrid and shutil.which("runc") is not None:
         lines.append('runtime = "runc"')
     elif runtime is not None:
         name, binary = runtime

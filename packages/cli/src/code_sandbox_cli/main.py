@@ -410,7 +410,9 @@ def _print_table(header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) ->
     for name in header or ("",) * max((len(row) for row in rows), default=0):
         table.add_column(name, no_wrap=not console.is_terminal)
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))  # plain text: "[...]" in the engine's words is not markup
+        # Plain text ("[...]" is not markup), every character a terminal would act on shown as its escape: a detail
+        # may quote a path inside an image or a package's file name.
+        table.add_row(*(Text("".join(c if c.isprintable() else repr(c)[1:-1] for c in cell)) for cell in row))
     with console.capture() as captured:
         console.print(table)
     for line in captured.get().splitlines():

@@ -263,14 +263,19 @@ def _check_image(findings: list[Finding], engine: DockerEngine, profile: Profile
     if report.passed and report.image is not None:
         findings.append(Finding("image", True, f"{profile.image_spec().tag} passes verify-image"))
         return
-    failed = ", ".join(check.name for check in report.checks if not check.passed)
+    failed = [check.name for check in report.checks if not check.passed]
     missing = report.image is None
+    fix = "run `code-sandbox build-image --offline`, then `code-sandbox verify-image`"
+    if failed == ["hardened run"] and report.start_error is not None:  # the engine's fault, not the image's
+        fix = "fix the hardening row above first"
     findings.append(
         Finding(
             "image",
             False,
-            f"{profile.image_spec().tag} is missing" if missing else f"{profile.image_spec().tag} fails: {failed}",
-            "run `code-sandbox build-image --offline`, then `code-sandbox verify-image`",
+            f"{profile.image_spec().tag} is missing"
+            if missing
+            else f"{profile.image_spec().tag} fails: {', '.join(failed)}",
+            fix,
         )
     )
 

@@ -465,9 +465,9 @@ def _engine_text(exc: BaseException) -> str | None:
     return str(explanation or f"HTTP {exc.status_code}")
 
 
-_RUNTIME_REFUSALS = ("OCI runtime", "OCI permission denied")
-"""How an engine's answer to a start says that its OCI runtime refused the container: Docker's "OCI runtime create
-failed", Podman's "...: OCI runtime error" and "...: OCI permission denied"."""
+_RUNTIME_REFUSALS = ("OCI runtime error", "OCI permission denied")
+"""How Podman's answer to a start says that its OCI runtime refused the container ("crun: ...: OCI runtime
+error")."""
 
 
 def _runtime_refused(exc: docker.errors.APIError) -> bool:
@@ -486,24 +486,17 @@ PODMAN_HYBRID_CGROUPS_FIX = (
 )
 
 
-def runtime_cannot_start(product: str, runtime: RuntimeFacts, exc: docker.errors.APIError) -> SandboxError:
-    """The error for an engine whose OCI runtime refuses a sandbox's start: it names the runtime and, for the
-    operator, quotes the engine and names the fix."""
+def runtime_cannot_start(runtime: RuntimeFacts, exc: docker.errors.APIError) -> SandboxError:
+    """The error for a Podman service whose OCI runtime refuses a sandbox's start: for the operator, the hint names
+    the runtime and the fix, and the engine's words say why. (On Docker "OCI runtime" heads nearly every refused
+    start, a missing file as much as a runtime that cannot run, so Docker's refusals keep the plain message.)"""
     words = _engine_text(exc) or ""
-    name = runtime.name if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", runtime.name) else "in force"
-    if product == PODMAN:
-        hint = PODMAN_HYBRID_CGROUPS_FIX if "cgroups in hybrid mode" in words else PODMAN_RUNTIME_FIX
-        where = "Podman's"
-    else:
-        hint = (
-            "the engine's log says more; check that the runtime is installed and works on this host, or set "
-            "CODE_SANDBOX_RUNTIME to another runtime the engine has registered"
-        )
-        where = "the engine's"
+    name = runtime.name if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", runtime.name) else "its runtime"
+    fix = PODMAN_HYBRID_CGROUPS_FIX if "cgroups in hybrid mode" in words else PODMAN_RUNTIME_FIX
     return SandboxError(
         ErrorCode.CONTAINER_START_FAILED,
-        f"{where} container runtime ({name}) cannot start containers on this host",
-        hint=hint,
+        "Podman's container runtime cannot start containers on this host",
+        hint=f"the runtime is {name}; {fix}",
         engine_text=words,
     )
 
@@ -704,8 +697,9 @@ class DockerEngine:
                 if failure is not None:
                     continue  # read to the end, which comes right after an error: the connection is then released
                 if "error" in event or "errorDetail" in event:
-                    detail = cast(dict[str, Any], event.get("errorDetail") or {})
-                    failure = str(event.get("error") or detail.get("message") or "")
+                    detail = event.get("errorDetail")
+                    said = cast(dict[str, Any], detail).get("message") if isinstance(detail, dict) else None
+                    failure = str(event.get("error") or said or "")
                     continue
                 stream = str(event.get("stream", "")).strip()
                 if stream.startswith("Step "):
@@ -825,8 +819,8 @@ class DockerEngine:
             try:
                 self.api().start(container_id)
             except docker.errors.APIError as exc:
-                if _runtime_refused(exc):
-                    raise runtime_cannot_start(self.daemon_facts().product, runtime, exc) from None
+                if self._podman() and _runtime_refused(exc):
+                    raise runtime_cannot_start(runtime, exc) from None
                 raise
 
     def remove_container(self, container_id: str) -> bool:

@@ -59,7 +59,7 @@ class SandboxError(Exception):
         self.code = code
         self.message = message
         self.hint = hint
-        self.engine_text = engine_words(engine_text) if engine_text else None
+        self.engine_text = engine_words(engine_text) if engine_text and engine_text.strip() else None
         """The engine's own words, one bounded line with every control character escaped; ``None`` when it said
         nothing. Shown on the operator's surfaces only: it may hold host paths, container IDs or names."""
 

@@ -4,8 +4,8 @@ npm's registry settings (``registry``, ``@scope:registry``, ``scope``) are read 
 npm's order, highest first: the environment (``npm_config_*``, any case), the project ``.npmrc`` beside the
 lockfile, the user's config (``userconfig``, by default ``~/.npmrc``), the global config (``globalconfig``, by
 default ``<prefix>/etc/npmrc``), then npm's default. npm's command line and its built-in ``npmrc`` (inside npm's own
-install) do not apply here. Auth settings (``//host/:_authToken`` and the like) are never read, so no credential is
-ever sent anywhere.
+install) do not apply here. Auth settings (``//host/:_authToken`` and the like) are never read and no Authorization
+header is sent; a token that a registry puts in its URL's path is sent as npm would send it, and never printed.
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ class Registry:
     @property
     def plain_http(self) -> bool:
         return self.url.startswith("http://")
+
+    @property
+    def shown(self) -> str:
+        """``scheme://host[:port]`` alone: some registries carry a token in their path."""
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc}"
 
     def tarball_url(self, name: str, version: str) -> str:
         """Where a registry serves ``name@version``: ``<registry>/<name>/-/<name without scope>-<version>.tgz``.
@@ -108,7 +114,9 @@ def npm_default_registry(environ: Mapping[str, str]) -> str:
     :raises SandboxError: no npm to ask, or it did not answer with one line.
     """
     npm: list[str] | None = None
-    on_path = shutil.which("npm", path=environ.get("PATH", ""))
+    # Absolute PATH entries only: a relative one would name a file relative to wherever this runs.
+    search = os.pathsep.join(entry for entry in environ.get("PATH", "").split(os.pathsep) if os.path.isabs(entry))
+    on_path = shutil.which("npm", path=search)
     if on_path is not None:
         npm = [on_path]
     else:
@@ -128,6 +136,9 @@ def npm_default_registry(environ: Mapping[str, str]) -> str:
     with tempfile.TemporaryDirectory() as empty:
         for name in ("userconfig", "globalconfig"):  # empty files of its own: npm refuses one file for both
             Path(empty, name).touch()
+        # A project of its own: npm looks for the project root upwards from its directory, and would read the
+        # .npmrc of any parent holding a package.json (another user's, in a shared /tmp) as the project's config.
+        Path(empty, "package.json").write_text("{}\n")
         argv = [*npm, "config", "get", "registry", f"--userconfig={empty}/userconfig",
                 f"--globalconfig={empty}/globalconfig"]  # fmt: skip
         try:
@@ -307,4 +318,4 @@ def _checked_registry(value: str, source: str) -> Registry:
         raise fail("carries credentials, which are not supported")
     if parts.query or parts.fragment or value.endswith(("?", "#")):
         raise fail("has a query or a fragment")
-    return Registry(url=value.rstrip("/"), source=source)
+    return Registry(url=parts.scheme.lower() + value[len(parts.scheme) :].rstrip("/"), source=source)

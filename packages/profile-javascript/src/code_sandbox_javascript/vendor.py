@@ -332,7 +332,7 @@ def _tarball_urls(
     for registry, count in counts.items():
         progress(
             f"{count} {'package' if count == 1 else 'packages'} without a resolved URL from "
-            f"{_printable(registry.url)}/ ({registry.source})"
+            f"{_printable(registry.shown)} ({registry.source})"
             + (": plain http, each tarball still checked against its integrity" if registry.plain_http else "")
         )
     return urls
