@@ -26,7 +26,8 @@ Podman sections and nowhere else:
 - It ignores ``cgroupns: private``: a sandbox sees the host's cgroup paths in ``/proc/self/cgroup``.
 - Its AppArmor profile is ``containers-default-*``, not ``docker-default``: none is named, so Podman applies its own.
 - ``init`` needs catatonit; without it every create fails (:func:`_no_catatonit`).
-- A kill or exec on a stopped container fails with 500 "container state improper", not 409.
+- A kill or exec on a stopped container fails with 500 "container state improper", not 409; an inspect, kill or
+  removal of a container it is removing fails with 500 "... no such container", not 404 (:meth:`DockerEngine._gone`).
 - It adds ``TERM`` and ``container=podman`` to the environment, and an exec that has not started inspects as exited
   with code 0 (Docker: null); neither matters here.
 """
