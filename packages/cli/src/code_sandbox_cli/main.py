@@ -18,7 +18,7 @@ from typing import Annotated, NoReturn
 
 import anyio
 import typer
-from code_sandbox.errors import SandboxError
+from code_sandbox.errors import SandboxError, escape_unprintable
 from code_sandbox.hardening import LABEL_HOST, LABEL_OWNER, LABEL_PROFILE, LABEL_SESSION
 from code_sandbox.limits import WORDS
 from code_sandbox.liveness import ServerMarker, default_state_dir
@@ -412,7 +412,7 @@ def _print_table(header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) ->
     for row in rows:
         # Plain text ("[...]" is not markup), every character a terminal would act on shown as its escape: a detail
         # may quote a path inside an image or a package's file name.
-        table.add_row(*(Text("".join(c if c.isprintable() else repr(c)[1:-1] for c in cell)) for cell in row))
+        table.add_row(*(Text(escape_unprintable(cell)) for cell in row))
     with console.capture() as captured:
         console.print(table)
     for line in captured.get().splitlines():

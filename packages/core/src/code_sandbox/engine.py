@@ -75,7 +75,7 @@ from code_sandbox.hardening import (
     WORKSPACE_DIR,
     ContainerRequest,
 )
-from code_sandbox.settings import Settings, SettingsError, env_name, unknown_runtime
+from code_sandbox.settings import Settings, SettingsError, env_name, is_runtime_name, unknown_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -420,7 +420,7 @@ def _no_catatonit() -> SandboxError:
 def podman_ignores_runtime(own: str) -> SettingsError:
     """The error for a runtime asked of Podman: its Docker-compatible API would ignore it and run the container under
     the service's own runtime without a word."""
-    shown = own if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", own) else "its own"
+    shown = own if is_runtime_name(own) else "its own"
     error = SettingsError(
         env_name("runtime"),
         f"is ignored by Podman's Docker-compatible API, which runs every container under the service's own runtime "
@@ -492,7 +492,7 @@ def runtime_cannot_start(runtime: RuntimeFacts, exc: docker.errors.APIError) -> 
     the runtime and the fix, and the engine's words say why. (On Docker "OCI runtime" heads nearly every refused
     start, a missing file as much as a runtime that cannot run, so Docker's refusals keep the plain message.)"""
     words = _engine_text(exc) or ""
-    name = runtime.name if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", runtime.name) else "its runtime"
+    name = runtime.name if is_runtime_name(runtime.name) else "its runtime"
     fix = PODMAN_HYBRID_CGROUPS_FIX if "cgroups in hybrid mode" in words else PODMAN_RUNTIME_FIX
     return SandboxError(
         ErrorCode.CONTAINER_START_FAILED,
@@ -1036,7 +1036,7 @@ class DockerEngine:
     def _not_running(self, exc: docker.errors.APIError) -> bool:
         """Whether the container is gone (404; Podman mid-removal: :meth:`_gone`) or not running (Docker: 409;
         Podman: 500 "container state improper")."""
-        if exc.status_code in (404, 409) or self._gone(exc):
+        if exc.status_code == 409 or self._gone(exc):
             return True
         return exc.status_code == 500 and self._podman() and "container state improper" in str(exc.explanation or "")
 

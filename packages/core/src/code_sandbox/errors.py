@@ -73,6 +73,12 @@ class SandboxError(Exception):
         return f"{self.code}: {self.message}"
 
 
+def escape_unprintable(text: str) -> str:
+    """``text`` with every character a terminal would act on (control characters, escape sequences, line breaks,
+    bidi and zero-width characters, lone surrogates) shown as its escape (``\\x1b``, ``\\n``, ``\\u202e``)."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 ENGINE_TEXT_LIMIT = 400
 """Characters of the engine's words kept for an operator: enough for an OCI runtime's complaint, not a log dump."""
 
@@ -85,12 +91,7 @@ def engine_words(text: str, limit: int = ENGINE_TEXT_LIMIT) -> str:
     escaped: list[str] = []
     size = 0
     for char in text.strip():
-        if char in '\\"':
-            shown = "\\" + char
-        elif char.isprintable():
-            shown = char
-        else:
-            shown = repr(char)[1:-1]  # \x1b, \n, \u202e: an escape, never the character
+        shown = "\\" + char if char in '\\"' else escape_unprintable(char)
         if size + len(shown) > limit:
             return '"' + "".join(escaped) + '..."'
         escaped.append(shown)

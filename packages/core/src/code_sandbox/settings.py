@@ -32,6 +32,12 @@ _RUNTIME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TAG_RULE = "must be 1 to 63 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
+def is_runtime_name(name: str) -> bool:
+    """Whether ``name`` can name a container runtime (``CODE_SANDBOX_RUNTIME``'s rule); only such a name is ever
+    shown."""
+    return _RUNTIME.fullmatch(name) is not None
+
+
 def is_valid_tag(tag: str) -> bool:
     """Whether ``tag`` may label containers (``CODE_SANDBOX_TAG``, ``reap --tag``)."""
     return _TAG.fullmatch(tag) is not None
@@ -93,7 +99,7 @@ RUNTIME_RULE = "must be the name of a container runtime: 1 to 64 ASCII letters, 
 
 def unknown_runtime(available: Iterable[str]) -> SettingsError:
     """The error for a ``CODE_SANDBOX_RUNTIME`` that the engine has not registered; it names the ones it has."""
-    names = ", ".join(sorted(name for name in available if _RUNTIME.fullmatch(name))) or "none"
+    names = ", ".join(sorted(filter(is_runtime_name, available))) or "none"
     return SettingsError(env_name("runtime"), f"must name a runtime the Docker engine has registered (it has: {names})")
 
 
@@ -140,7 +146,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     profile = env.get(env_name("profile")) or None
 
     runtime = env.get(env_name("runtime")) or None
-    if runtime is not None and _RUNTIME.fullmatch(runtime) is None:
+    if runtime is not None and not is_runtime_name(runtime):
         raise SettingsError(env_name("runtime"), RUNTIME_RULE)
 
     tag = env.get(env_name("tag"))
