@@ -266,7 +266,7 @@ def _check_image(findings: list[Finding], engine: DockerEngine, profile: Profile
     failed = [check.name for check in report.checks if not check.passed]
     missing = report.image is None
     fix = "run `code-sandbox build-image --offline`, then `code-sandbox verify-image`"
-    if failed == ["hardened run"] and report.start_error is not None:  # the engine's fault, not the image's
+    if report.engine_fault is not None:
         fix = "fix the hardening row above first"
     findings.append(
         Finding(

@@ -290,12 +290,19 @@ class VerifyReport:
     packages: tuple[str, ...] = ()
     """The vendored packages the image's labels state (checked against the tree when the report passed)."""
     start_error: SandboxError | None = None
-    """Why a hardened container of the image could not start, when it could not: the engine's fault, not the
-    image's, and what a server tells its client instead of an invalid image."""
+    """Why a hardened container of the image could not start, when it could not."""
 
     @property
     def passed(self) -> bool:
         return bool(self.checks) and all(check.passed for check in self.checks)
+
+    @property
+    def engine_fault(self) -> SandboxError | None:
+        """:attr:`start_error` when it is all that failed: a sound image that no container can run from is the
+        engine's fault, not the image's, and what a server tells its client instead of an invalid image."""
+        if self.start_error is None or self.image is None:
+            return None
+        return self.start_error if all(check.passed for check in self.checks if check.name != "hardened run") else None
 
     def add(self, name: str, passed: bool, detail: str) -> bool:
         self.checks.append(Check(name, passed, detail))

@@ -212,12 +212,8 @@ class Provisioner:
                 key = await run_sync(verification_key, self.engine, self.profile, facts.id)
                 if self.verified is None or key not in self.verified:
                     report = await run_sync(verify_image, self.engine, self.profile)
-                    if (
-                        report.start_error is not None
-                        and report.image is not None
-                        and all(check.passed for check in report.checks if check.name != "hardened run")
-                    ):  # a sound image that no container can run from: the engine is at fault
-                        raise report.start_error
+                    if report.engine_fault is not None:
+                        raise report.engine_fault
                     if not report.passed or report.image is None or report.image.id != facts.id:
                         raise _image_invalid()
                     if self.verified is not None:
