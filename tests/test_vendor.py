@@ -21,7 +21,7 @@ import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.profile import PackageSet
 from code_sandbox_javascript.registry import Registry, load_npm_config, npm_default_registry, parse_npmrc
-from code_sandbox_javascript.vendor import ARCHIVE_MAX_BYTES, fetch_https, vendor_lockfile
+from code_sandbox_javascript.vendor import ARCHIVE_MAX_BYTES, fetch_url, vendor_lockfile
 
 from tests.support.npm_registry import LoopbackRegistry
 
@@ -146,9 +146,9 @@ def test_without_a_directory_each_tarball_is_downloaded_from_its_resolved_url(tm
     assert (vendored.packages, fetched) == (("ms@2.1.3",), [url])
 
 
-def test_a_download_that_is_not_https_is_refused_before_any_connection() -> None:
+def test_a_download_that_is_not_http_or_https_is_refused_before_any_connection() -> None:
     with pytest.raises(SandboxError) as raised:
-        fetch_https("http://127.0.0.1:9/ms.tgz")  # port 9 (discard): nothing would answer anyway
+        fetch_url("ftp://127.0.0.1:9/ms.tgz")  # port 9 (discard): nothing would answer anyway
     assert "https" in raised.value.message
 
 

@@ -353,12 +353,8 @@ def _download(package: _Package, url: str, registry: Registry | None, fetch: Fet
 class _NoDowngrade(urllib.request.HTTPRedirectHandler):
     """Redirects stay on http or https, and never go from https down to http."""
 
-    def __init__(self, allow_http: bool) -> None:
-        super().__init__()
-        self.allow_http = allow_http
-
     def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
-        https_only = str(req.full_url).startswith("https://") or not self.allow_http
+        https_only = str(req.full_url).startswith("https://")
         if not newurl.startswith("https://") and (https_only or not newurl.startswith("http://")):
             allowed = "https" if https_only else "http or https"
             fp.close()  # the redirect's own response, which urllib would otherwise leave open
@@ -366,23 +362,14 @@ class _NoDowngrade(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def fetch_https(url: str) -> bytes:
-    """Download ``url`` (https only, redirects too) within :data:`TARBALL_MAX_BYTES`."""
-    return _fetch(url, allow_http=False)
-
-
 def fetch_url(url: str) -> bytes:
     """Download ``url`` (http or https; a redirect never leaves https once there) within :data:`TARBALL_MAX_BYTES`.
     Plain http is for registries npm is configured with: every tarball is checked against its sha512 integrity
-    before it is opened, so the transport cannot change what is vendored."""
-    return _fetch(url, allow_http=True)
-
-
-def _fetch(url: str, *, allow_http: bool) -> bytes:
-    if not url.startswith("https://") and not (allow_http and url.startswith("http://")):
-        allowed = "http and https URLs are" if allow_http else "https URLs are"
-        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"only {allowed} fetched")
-    opener = urllib.request.build_opener(_NoDowngrade(allow_http))
+    before it is opened, so the transport cannot change what is vendored. (A lockfile's ``resolved`` URL is refused
+    unless it is https before anything is fetched.)"""
+    if not url.startswith(("https://", "http://")):
+        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, "only http and https URLs are fetched")
+    opener = urllib.request.build_opener(_NoDowngrade())
     # No credential is ever added: an Authorization header goes nowhere, whatever npm's config holds.
     request = urllib.request.Request(url, headers={"Accept": "application/octet-stream"})  # noqa: S310 - http(s) only
     try:
