@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import WORKER_TAG
 from tests.support.engines import podman_engine
-from tests.support.run import command_env, worker_tag
+from tests.support.run import command_env, engine_command_env, worker_tag
 from tests.support.second_engine import load_image
 from tests.test_server import CLI, connect, error_code
 from tests.test_sessions import _managed_container  # pyright: ignore[reportPrivateUsage]
@@ -77,9 +77,7 @@ def refusing(engine: DockerEngine, image_id: str, profile: Profile, tmp_path_fac
 
 
 def _operator_command(refusing: DockerEngine, *argv: str) -> subprocess.CompletedProcess[str]:
-    environment = {key: value for key, value in command_env(audit_enabled="false").items()
-                   if not key.startswith("DOCKER_")}  # fmt: skip
-    environment["DOCKER_HOST"] = str(refusing.address.url)
+    environment = engine_command_env({"DOCKER_HOST": str(refusing.address.url)}, audit_enabled="false")
     return subprocess.run([CLI, *argv], env=environment, capture_output=True, text=True, timeout=180, check=False)
 
 

@@ -27,7 +27,7 @@ from code_sandbox.sweep import sweep_managed
 
 from tests.conftest import TEST_LABEL
 from tests.support.engines import podman_engine
-from tests.support.run import command_env, worker_tag
+from tests.support.run import engine_command_env, worker_tag
 from tests.support.second_engine import load_image
 from tests.test_server import CLI
 
@@ -172,9 +172,7 @@ def test_a_runtime_setting_podman_would_ignore_is_refused_at_start_with_exit_2_a
     podman: DockerEngine,
 ) -> None:
     own = podman.runtime_in_force().name
-    environment = {key: value for key, value in command_env(runtime="runsc", audit_enabled="false").items()
-                   if not key.startswith("DOCKER_")}  # fmt: skip
-    environment["DOCKER_HOST"] = str(podman.address.url)
+    environment = engine_command_env({"DOCKER_HOST": str(podman.address.url)}, runtime="runsc", audit_enabled="false")
     for argv in (["serve"], ["run", "examples/hello"], ["reap", "--dry-run"], ["verify-image"]):
         result = subprocess.run([CLI, *argv], env=environment, input="", capture_output=True, text=True, timeout=60,
                                 check=False)  # fmt: skip
@@ -223,9 +221,7 @@ def test_doctor_names_podman_and_passes_its_hardening_and_image(
     podman: DockerEngine, image_id: str, profile: Profile
 ) -> None:
     podman.tag_image(image_id, profile.image_spec().tag)
-    environment = {key: value for key, value in command_env(audit_enabled="false").items()
-                   if not key.startswith("DOCKER_")}  # fmt: skip
-    environment["DOCKER_HOST"] = str(podman.address.url)
+    environment = engine_command_env({"DOCKER_HOST": str(podman.address.url)}, audit_enabled="false")
     result = subprocess.run([CLI, "doctor"], env=environment, capture_output=True, text=True, timeout=180, check=False)
     rows = {line[6:26].strip(): line[:4] + " " + line[26:]
             for line in result.stdout.splitlines() if line[:4] in ("PASS", "FAIL")}  # fmt: skip

@@ -42,7 +42,7 @@ from mcp.client.stdio import stdio_client
 
 from tests.support.output import errors_of_a_run_broken_by
 from tests.support.proxy import Proxy
-from tests.support.run import command_env, worker_containers, worker_tag
+from tests.support.run import engine_command_env, worker_containers, worker_tag
 from tests.support.second_engine import SecondEngine
 from tests.support.ssh import PRIVILEGE_SEPARATION, SshEngineHost
 from tests.support.tls import make_certificates
@@ -153,8 +153,9 @@ def test_every_command_stops_at_once_on_an_unusable_tls_set_up_with_one_line_and
     command: str, tmp_path: Path
 ) -> None:
     secret_dir = tmp_path / "no-such-certs"
-    environment = {key: value for key, value in command_env().items() if not key.startswith("DOCKER_")}
-    environment |= {"DOCKER_HOST": "tcp://127.0.0.1:9", "DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(secret_dir)}
+    environment = engine_command_env(
+        {"DOCKER_HOST": "tcp://127.0.0.1:9", "DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(secret_dir)}
+    )
     arguments = {"run": ["examples/hello"], "build-image": ["--offline"]}.get(command, [])
     result = subprocess.run(
         [CLI, command, *arguments], env=environment, capture_output=True, text=True, timeout=60, check=False,
@@ -228,10 +229,13 @@ def _unreachable(environment: dict[str, str]) -> SandboxError:
 
 def _doctor_rows(environment: dict[str, str]) -> dict[str, str]:
     result = subprocess.run(
-        [CLI, "doctor"], capture_output=True, text=True, timeout=180, check=False,
-        env={key: value for key, value in command_env(audit_enabled="false").items()
-             if not key.startswith("DOCKER_")} | environment,
-    )  # fmt: skip
+        [CLI, "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env=engine_command_env(environment, audit_enabled="false"),
+    )
     rows: dict[str, str] = {}
     name = ""
     for line in result.stdout.splitlines():
@@ -365,8 +369,7 @@ def test_reap_shows_no_escape_sequence_another_server_put_in_its_labels(
     request = ContainerRequest(image_id, [*profile.helper_argv("watchdog"), "60"], labels, False)
     container_id = engine.create_container(request)
     try:
-        environment = {key: value for key, value in command_env().items() if not key.startswith("DOCKER_")}
-        environment |= remote.tls_environment | {"XDG_STATE_HOME": str(tmp_path)}
+        environment = engine_command_env(remote.tls_environment) | {"XDG_STATE_HOME": str(tmp_path)}
         result = subprocess.run([CLI, "reap", "--dry-run"], env=environment, capture_output=True, text=True,
                                 timeout=120, check=False)  # fmt: skip
     finally:
@@ -477,9 +480,8 @@ async def test_servers_on_two_machines_sharing_an_engine_keep_their_sessions_thr
 ) -> None:
     def machine(name: str) -> dict[str, str]:
         """A server's environment as on a machine of its own: its own state directory, the engine over TLS."""
-        environment = {key: value for key, value in command_env(audit_enabled="false", max_sessions="1").items()
-                       if not key.startswith("DOCKER_")}  # fmt: skip
-        return environment | remote.tls_environment | {"XDG_STATE_HOME": str(tmp_path / name)}
+        environment = engine_command_env(remote.tls_environment, audit_enabled="false", max_sessions="1")
+        return environment | {"XDG_STATE_HOME": str(tmp_path / name)}
 
     async def check_alive(client: ClientSession, session_id: str) -> None:
         files = [{"path": "ping.js", "content": "console.log('pong')"}]

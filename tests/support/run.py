@@ -11,7 +11,7 @@ import contextlib
 import fcntl
 import os
 import secrets
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from pathlib import Path
 
 from code_sandbox.engine import ContainerFacts, DockerEngine
@@ -46,6 +46,13 @@ def command_env(**settings: str) -> dict[str, str]:
     env["CODE_SANDBOX_TAG"] = worker_tag()
     env.update({f"CODE_SANDBOX_{key.upper()}": value for key, value in settings.items()})
     return env
+
+
+def engine_command_env(engine: Mapping[str, str], **settings: str) -> dict[str, str]:
+    """:func:`command_env` for another engine: ``engine`` (``DOCKER_*`` variables, and any the client needs, such as
+    ``HOME`` for ssh) says where it is, instead of the caller's ``DOCKER_*``."""
+    environment = {key: value for key, value in command_env(**settings).items() if not key.startswith("DOCKER_")}
+    return environment | dict(engine)
 
 
 def containers_of_run(engine: DockerEngine, run: str) -> list[ContainerFacts]:
