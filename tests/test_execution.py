@@ -146,7 +146,7 @@ for (const p of fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p) && Number
 
 
 async def test_a_channel_that_died_between_calls_destroys_the_sandbox_at_the_next_call(
-    manager: SessionManager, session: Session
+    manager: SessionManager, session: Session, caplog: pytest.LogCaptureFixture
 ) -> None:
     await write_files(manager, session.id, [("a.txt", "a")], overwrite=False)  # the channel is open now
     # Killed from outside any run (a second exec as the sandbox uid), as the kernel's OOM killer might.
@@ -157,6 +157,8 @@ async def test_a_channel_that_died_between_calls_destroys_the_sandbox_at_the_nex
         await list_files(manager, session.id, ".", recursive=True, max_depth=1)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message
     assert len(manager) == 0
+    [logged] = [record.getMessage() for record in caplog.records if "a helper failed" in record.getMessage()]
+    assert logged.endswith(": a helper failed (the channel to the sandbox closed); it is destroyed"), logged
 
 
 async def test_a_garbled_runner_answer_destroys_the_session(manager: SessionManager, session: Session) -> None:

@@ -8,6 +8,7 @@ leaves, so no caller can forget to, and none can keep using an untrusted sandbox
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from typing import Protocol
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.transport import HelperCrash, Target, Transport
+
+logger = logging.getLogger(__name__)
 
 FailClosed = Callable[[SandboxError], Awaitable[SandboxError]]
 """Destroys the session, shielded from cancellation, and returns the error to raise: the one given, or
@@ -44,7 +47,8 @@ class Channel:
         finds its container gone (raise ``CONTAINER_UNAVAILABLE``). Other errors pass through untouched."""
         try:
             yield
-        except HelperCrash:
+        except HelperCrash as crash:
+            logger.warning("sandbox %s: a helper failed (%s); it is destroyed", self.name, crash.cause or "no answer")
             raise await self.fail_closed(crashed) from None
         except SandboxError as error:
             if error.code == ErrorCode.TIMEOUT:

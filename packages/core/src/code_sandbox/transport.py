@@ -16,7 +16,6 @@ import abc
 import contextlib
 import itertools
 import json
-import logging
 import struct
 import threading
 import time
@@ -53,8 +52,6 @@ from code_sandbox.protocol import (
     parse_message,
 )
 
-logger = logging.getLogger(__name__)
-
 MiB = 1024 * 1024
 FileRequest = WriteRequest | ListRequest | ReadRequest | DeleteRequest | DigestRequest | InventoryRequest
 _OPERATIONS: dict[type[Message], str] = {
@@ -73,10 +70,14 @@ CLOSED_KEPT = 4096
 
 
 class HelperCrash(SandboxError):
-    """The helper did not answer within its protocol; the caller must destroy the session."""
+    """The helper did not answer within its protocol; the caller must destroy the session.
 
-    def __init__(self, message: str = "the sandbox helper failed") -> None:
+    :param cause: what went wrong, in our words or by exception type, for the operator's log (never a client's).
+    """
+
+    def __init__(self, message: str = "the sandbox helper failed", *, cause: str | None = None) -> None:
         super().__init__(ErrorCode.INTERNAL_ERROR, message)
+        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -168,20 +169,22 @@ class Transport(abc.ABC):
 def untrusted(on_failure: Callable[[], None] = lambda: None) -> Generator[None]:
     """The one place where anything that goes wrong while talking to a helper (a nonzero exit, a broken stream, a
     line no model accepts, any exception at all) becomes :class:`HelperCrash`; ``TIMEOUT`` and
-    ``CONTAINER_UNAVAILABLE`` pass through. ``on_failure`` runs first (a channel drops itself). The log says what
-    went wrong, in our words or by exception type only, so that a crash can be told from a broken stream."""
+    ``CONTAINER_UNAVAILABLE`` pass through. ``on_failure`` runs first (a channel drops itself). The crash keeps what
+    went wrong as its ``cause``, in our words or by exception type only, so that where it ends a session (the
+    channel's guard) a crash can be told from a broken stream."""
     try:
         yield
+    except HelperCrash:
+        on_failure()
+        raise
     except SandboxError as error:
         on_failure()
         if error.code in (ErrorCode.TIMEOUT, ErrorCode.CONTAINER_UNAVAILABLE):
             raise
-        logger.warning("a sandbox helper failed: %s", error.for_operator())
-        raise HelperCrash() from None
+        raise HelperCrash(cause=error.for_operator()) from None
     except Exception as error:
         on_failure()
-        logger.warning("a sandbox helper failed: %s", type(error).__name__)
-        raise HelperCrash() from None
+        raise HelperCrash(cause=type(error).__name__) from None
 
 
 def request_frame(request: Message) -> bytes:
@@ -269,7 +272,7 @@ class DockerTransport(Transport):
             )  # fmt: skip
             lines = result.stdout.split(b"\n")
             if result.exit_code != 0 or len(lines) != 2 or lines[1] != b"":
-                raise HelperCrash()
+                raise HelperCrash(cause=f"exit code {result.exit_code}, {len(lines) - 1} answer line(s)")
             return parse_answer(lines[0], answer)
 
     def _exec(
