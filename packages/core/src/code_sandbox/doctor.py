@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from code_sandbox.audit import UnsafeAuditFileError, default_audit_path, open_audit_file
-from code_sandbox.engine import PODMAN, DockerEngine, EngineAddress
+from code_sandbox.engine import HTTP_IGNORES_TLS, PODMAN, DockerEngine, EngineAddress
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.image import verify_image
@@ -105,6 +105,12 @@ def _check_tls(findings: list[Finding], address: EngineAddress) -> None:
         return
     if address.ssh:
         findings.append(Finding("tls", True, "not needed: ssh checks the host's key (known_hosts) and this user's"))
+        return
+    if address.plain_http and address.tls is not None:
+        findings.append(
+            Finding("tls", False, f"the engine address {HTTP_IGNORES_TLS}: anyone on the way can read and change "
+                    "every call", "write the address as tcp:// (or https://) so that TLS is used")
+        )  # fmt: skip
         return
     if address.tls is None:
         findings.append(

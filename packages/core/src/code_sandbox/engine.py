@@ -149,18 +149,29 @@ class EngineAddress:
     def require_checked(self) -> None:
         """:raises SettingsError: anyone on the way could pose as the engine (plain TCP, or TLS that does not check
         the engine's certificate); whoever answers as the engine would see every sandbox's files and output."""
-        if not self.checked:
-            raise SettingsError(
-                "DOCKER_HOST" if self.origin == "DOCKER_HOST" else "the current Docker context",
-                "reaches the engine without TLS that checks its certificate (set DOCKER_TLS_VERIFY=1 and "
-                "DOCKER_CERT_PATH, or use ssh://; `code-sandbox doctor` explains)",
-            )
+        if self.checked:
+            return
+        variable = "DOCKER_HOST" if self.origin == "DOCKER_HOST" else "the current Docker context"
+        if self.plain_http and self.tls is not None:
+            raise SettingsError(variable, HTTP_IGNORES_TLS + " (use tcp:// or https://)")
+        raise SettingsError(
+            variable,
+            "reaches the engine without TLS that checks its certificate (set DOCKER_TLS_VERIFY=1 and "
+            "DOCKER_CERT_PATH, or use ssh://; `code-sandbox doctor` explains)",
+        )
 
     @property
     def checked(self) -> bool:
         """Whether nobody between here and the engine can pose as it: a local socket, ssh (host keys), or TLS that
         checks the engine's certificate."""
-        return self.local or self.ssh or (self.tls is not None and self.tls_verify)
+        return self.local or self.ssh or (self.tls is not None and self.tls_verify and not self.plain_http)
+
+    @property
+    def plain_http(self) -> bool:
+        """Whether the address is ``http://``, which the docker SDK always reaches in plain text: it takes the scheme
+        as the word on TLS and drops the TLS settings (only ``tcp://`` follows them, and ``https://`` always uses
+        TLS)."""
+        return (self.url or "").lower().startswith("http://")
 
     @property
     def ssh(self) -> bool:
@@ -185,6 +196,9 @@ class EngineAddress:
         if parts.port is not None:
             location += f":{parts.port}"
         return f"{parts.scheme}://{location}{parts.path}"
+
+
+HTTP_IGNORES_TLS = "is an http:// address, which is reached in plain text whatever the TLS settings say"
 
 
 def _check_scheme(variable: str, address: str) -> None:
