@@ -109,10 +109,10 @@ def test_the_workspace_and_tmp_are_bounded_private_noexec_tmpfs_mounts_of_the_sa
         assert (mount["write"], mount["exec"]) == ("ok", "EACCES")
 
 
-def test_podmans_own_run_and_var_tmp_mounts_are_read_only_and_tiny(
+def test_podmans_own_run_and_var_tmp_mounts_and_the_pty_directory_are_read_only_and_tiny(
     podman: DockerEngine, image_id: str, profile: Profile
 ) -> None:
-    _, seen = _mounts_seen(podman, image_id, profile, "/run", "/var/tmp")
+    _, seen = _mounts_seen(podman, image_id, profile, "/run", "/var/tmp", "/dev/pts")
     for mount in seen.values():
         assert {"ro", "noexec", "nosuid", "nodev"} <= set(mount["flags"])
         assert (mount["write"], mount["bytes"]) == ("EROFS", 4096)

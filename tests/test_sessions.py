@@ -98,6 +98,7 @@ async def test_container_settings_match_the_hardening_snapshot(
         "Tmpfs": {
             "/workspace": f"rw,noexec,nosuid,nodev,size={64 * MiB},nr_inodes=8192,mode=0700,uid={uid},gid={uid}",
             "/tmp": f"rw,noexec,nosuid,nodev,size={64 * MiB},nr_inodes=8192,mode=0700,uid={uid},gid={uid}",
+            "/dev/pts": "ro,noexec,nosuid,nodev,size=4096,mode=0755",  # no devpts: ptys are a host-wide pool
         },
         "LogConfig": {"Type": "none", "Config": {}},
         "AutoRemove": True,

@@ -70,6 +70,8 @@ from code_sandbox.hardening import (
     LABEL_MANAGED,
     LABEL_RUNTIME,
     LABEL_TAG,
+    PTY_DIR,
+    SEALED_TMPFS,
     SUPERVISOR_USER,
     UNSEALED_ENVIRONMENT,
     WORKSPACE_DIR,
@@ -332,7 +334,7 @@ def build_create_arguments(
             Ulimit(name="core", soft=0, hard=0),
             Ulimit(name="nofile", soft=hardening.nofile, hard=hardening.nofile),
         ],
-        "tmpfs": hardening.tmpfs(request.uid),
+        "tmpfs": {**hardening.tmpfs(request.uid), PTY_DIR: SEALED_TMPFS},
         "log_config": LogConfig(type="none"),
         "auto_remove": start,
         "privileged": False,
@@ -359,7 +361,7 @@ PODMAN_NPROC = 32768
 CAP_SYS_RESOURCE can grant it. It counts a host uid's processes in every container, and the supervisor's uid is every
 sandbox's, so it is high; the PID limit bounds each sandbox."""
 _PODMAN_OWN_TMPFS = ("/run", "/var/tmp")  # noqa: S108 - inside the container
-_SEALED_TMPFS = "ro,noexec,nosuid,nodev,size=4096,mode=0755,notmpcopyup"
+_SEALED_TMPFS = SEALED_TMPFS + ",notmpcopyup"
 _VOLUME_NAME = re.compile(r"code-sandbox-[0-9a-f]{32}")
 _PAGE_BYTES = 4096
 _BIND_FLAGS = ("rw", "noexec", "nosuid", "nodev")
@@ -414,7 +416,7 @@ def podman_host_config(
     host = {key: value for key, value in host_config.items() if key != "runtime"}
     host["security_opt"] = request.hardening.security_opt(apparmor=False)
     host["ulimits"] = [*host_config["ulimits"], Ulimit(name="nproc", soft=PODMAN_NPROC, hard=PODMAN_NPROC)]
-    host["tmpfs"] = dict.fromkeys(_PODMAN_OWN_TMPFS, _SEALED_TMPFS)
+    host["tmpfs"] = dict.fromkeys((*_PODMAN_OWN_TMPFS, PTY_DIR), _SEALED_TMPFS)
     host["binds"] = [volume.bind() for volume in volumes]
     return host
 

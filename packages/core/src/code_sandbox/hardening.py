@@ -53,6 +53,13 @@ non-dumpable one: it tells the helpers to run although the seal (:mod:`code_sand
 pass it to user code."""
 
 
+PTY_DIR = "/dev/pts"
+SEALED_TMPFS = "ro,noexec,nosuid,nodev,size=4096,mode=0755"
+"""An empty, read-only tmpfs laid over a directory whose contents a sandbox must not reach. Over :data:`PTY_DIR` it
+takes away the container's devpts, and with it ``/dev/ptmx`` (a link into it): every pty a sandbox opened would come
+from the host's one pool (``kernel.pty.max``, shared by every container), which no cgroup counts."""
+
+
 def user_of(uid: int) -> str:
     """The ``uid:gid`` string Docker takes for a sandbox uid (the gid is always the same number)."""
     return f"{uid}:{uid}"
@@ -76,7 +83,7 @@ class Hardening:
     inodes: int = 8192
 
     def tmpfs(self, uid: int) -> dict[str, str]:
-        """The two tmpfs mounts, owned by the sandbox uid."""
+        """The two writable tmpfs mounts, owned by the sandbox uid (:data:`SEALED_TMPFS` mounts come on top)."""
         return {
             WORKSPACE_DIR: _tmpfs_options(self.workspace_bytes, self.inodes, uid),
             SCRATCH_DIR: _tmpfs_options(self.scratch_bytes, self.inodes, uid),
