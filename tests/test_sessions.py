@@ -123,7 +123,10 @@ async def test_container_settings_match_the_hardening_snapshot(
     assert not config.get("ExposedPorts")
     assert not config.get("Volumes")
     assert sorted(config["Env"]) == ["HOME=/workspace", "LANG=C.UTF-8", "PATH=/usr/local/bin", "TMPDIR=/tmp"]
-    assert config["Cmd"] == ["/usr/local/bin/node", "--disable-sigusr1", "/opt/sandbox/watchdog.mjs", "62"]
+    # The entrypoint is ours, so neither the image's entrypoint nor its command applies; no health check runs.
+    assert config["Entrypoint"] == ["/usr/local/bin/node"]
+    assert config["Cmd"] == ["--disable-sigusr1", "/opt/sandbox/watchdog.mjs", "62"]
+    assert config["Healthcheck"] == {"Test": ["NONE"]}
     labels = config["Labels"]
     assert labels["io.code-sandbox.managed"] == "true"
     assert labels["io.code-sandbox.profile"] == "javascript-offline"

@@ -200,7 +200,10 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
     daemon = engine.daemon_facts()
     hardening = Hardening()
     labels = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: "0"}  # a probe: any sweep may remove it
-    request = ContainerRequest(image.id, [*profile.helper_argv("watchdog"), "60"], labels, daemon.apparmor)
+    request = ContainerRequest(
+        image.id, [*profile.helper_argv("watchdog"), "60"], labels, daemon.apparmor,
+        image_environment=image.config.env_names,
+    )  # fmt: skip
     try:
         container_id = engine.create_container(request)
     except SandboxError as error:

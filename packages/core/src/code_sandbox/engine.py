@@ -271,6 +271,53 @@ class ImageFacts:
     user: str
     architecture: str
     size: int
+    config: ImageConfig = field(default_factory=lambda: ImageConfig())
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """How an image asks its containers to start, beyond its user and labels: what ``verify-image`` compares with what
+    the build wrote. Absent, null and empty all read as empty."""
+
+    env: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    working_dir: str = ""
+    healthcheck: tuple[str, ...] = ()
+    """The health check's test command; ``("NONE",)`` is an image that switched off an inherited one."""
+    volumes: tuple[str, ...] = ()
+    exposed_ports: tuple[str, ...] = ()
+    on_build: tuple[str, ...] = ()
+    stop_signal: str = ""
+    shell: tuple[str, ...] = ()
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        return tuple(entry.partition("=")[0] for entry in self.env)
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> ImageConfig:
+        def strings(key: str) -> tuple[str, ...]:
+            value = cast(Iterable[Any], config.get(key) or ())  # a list, or a map whose keys are the values
+            return (
+                tuple(sorted(map(str, cast(Mapping[str, Any], value))))
+                if isinstance(value, dict)
+                else tuple(map(str, value))
+            )
+
+        healthcheck = cast(Mapping[str, Any], config.get("Healthcheck") or {})
+        return cls(
+            env=strings("Env"),
+            entrypoint=strings("Entrypoint"),
+            cmd=strings("Cmd"),
+            working_dir=str(config.get("WorkingDir") or ""),
+            healthcheck=tuple(map(str, cast(list[Any], healthcheck.get("Test") or []))),
+            volumes=strings("Volumes"),
+            exposed_ports=strings("ExposedPorts"),
+            on_build=strings("OnBuild"),
+            stop_signal=str(config.get("StopSignal") or ""),
+            shell=strings("Shell"),
+        )
 
 
 @dataclass(frozen=True)
@@ -301,6 +348,9 @@ class FileEntry:
     mode: int
     uid: int
     sha256: str | None
+    gid: int = 0
+    link: str = ""
+    """A link's target (a hard link is a ``symlink`` here too, its target an image path)."""
 
 
 @dataclass(frozen=True)
@@ -341,11 +391,21 @@ def build_create_arguments(
         "cgroupns": "private",
         "ipc_mode": "none",  # no /dev/shm: it would be writable memory outside the workspace quota
     }
+    # Nothing the image says changes how the container starts: the entrypoint is ours (the image's and its command
+    # are then both ignored), every variable the image sets is set here (empty unless ours), and its health check
+    # is switched off. Anonymous volumes that an image's VOLUME makes go with the container (``v=True``).
+    environment = {
+        **dict.fromkeys(request.image_environment, ""),
+        **ENVIRONMENT,
+        **(UNSEALED_ENVIRONMENT if runtime.user_space_kernel else {}),
+    }
     create = {
         "image": request.image_id,
-        "command": request.command,
+        "entrypoint": request.command[:1],
+        "command": request.command[1:],
         "user": SUPERVISOR_USER,
-        "environment": {**ENVIRONMENT, **(UNSEALED_ENVIRONMENT if runtime.user_space_kernel else {})},
+        "environment": environment,
+        "healthcheck": {"Test": ["NONE"]},
         "labels": {**request.labels, LABEL_RUNTIME: runtime.name},
         "hostname": HOSTNAME,
         "network_disabled": True,
@@ -749,6 +809,7 @@ class DockerEngine:
             user=str(config.get("User") or ""),
             architecture=normalise_arch(str(data.get("Architecture", ""))),
             size=int(data.get("Size") or 0),
+            config=ImageConfig.of(config),
         )
 
     def untag_image(self, tag: str) -> None:
@@ -856,7 +917,7 @@ class DockerEngine:
     def _remove_container(self, container_id: str) -> bool:
         with _translate(ErrorCode.CONTAINER_REMOVAL_FAILED, "the sandbox container could not be removed"):
             try:
-                self.api().remove_container(container_id, force=True)
+                self.api().remove_container(container_id, force=True, v=True)
             except docker.errors.APIError as exc:
                 if self._gone(exc):
                     return False
@@ -930,7 +991,13 @@ class DockerEngine:
                         else "other"
                     )
                     yield FileEntry(
-                        "/" + member.name.removeprefix("./").lstrip("/"), kind, member.mode & 0o7777, member.uid, digest
+                        "/" + member.name.removeprefix("./").lstrip("/"),
+                        kind,
+                        member.mode & 0o7777,
+                        member.uid,
+                        digest,
+                        member.gid,
+                        member.linkname,
                     )
 
     # -- exec ---------------------------------------------------------------------------------------------------

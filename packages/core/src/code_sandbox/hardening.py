@@ -108,3 +108,7 @@ class ContainerRequest:
     uid: int = PROBE_UID
     """The uid that owns the tmpfs mounts and runs every exec that touches them."""
     hardening: Hardening = field(default_factory=Hardening)
+    image_environment: tuple[str, ...] = ()
+    """The names of the variables the image's own configuration sets: each is set in the container too, empty unless
+    :data:`ENVIRONMENT` gives it a value, so that even an image that slipped past verification adds nothing to a
+    sandbox's environment (Docker merges the image's variables into the container's)."""

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from code_sandbox.elf import is_elf, resolve_runtime_files
-from code_sandbox.engine import DockerEngine, FileEntry, ImageFacts, normalise_arch
+from code_sandbox.engine import DockerEngine, FileEntry, ImageConfig, ImageFacts, normalise_arch
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
+    ENVIRONMENT,
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
+    LABEL_PREFIX,
     PROBE_UID,
     SCRATCH_DIR,
     SUPERVISOR_UID,
@@ -70,9 +72,23 @@ RUNTIME_MODE = 0o711
 instruction, so code in a sandbox cannot open another process's ``/proc/<pid>/fd`` or ``mem``, nor ptrace it, even
 under its own uid. The seal (:mod:`code_sandbox.seal`) is a second layer. gVisor cannot execute such a binary (it
 needs read permission to load it), so these images do not run under runsc yet (SECURITY.md, "Under gVisor")."""
-_DOCKERFILE = (
-    f"FROM scratch\nCOPY rootfs/ /\nUSER {SUPERVISOR_USER}\nENV PATH=/usr/local/bin\nWORKDIR {WORKSPACE_DIR}\n"
-)
+IMAGE_PATH = ENVIRONMENT["PATH"]
+IMAGE_CONFIG = ImageConfig(env=(f"PATH={IMAGE_PATH}",), working_dir=WORKSPACE_DIR)
+"""The image's whole configuration as the build writes it (and its user, :data:`SUPERVISOR_USER`): no entrypoint,
+command, health check, volume, port, ``ONBUILD``, stop signal or shell, and no variable but ``PATH``."""
+_DOCKERFILE = f"FROM scratch\nCOPY rootfs/ /\nUSER {SUPERVISOR_USER}\nENV PATH={IMAGE_PATH}\nWORKDIR {WORKSPACE_DIR}\n"
+RUNTIME_DIGEST_LABEL = LABEL_PREFIX + "runtime.sha256"
+"""The sha256 of the runtime binary the build put in the image."""
+FILES_LABEL = LABEL_PREFIX + "files"
+"""The build's manifest: one line per entry of the image outside the package tree (which its own labels cover), as
+``kind mode uid:gid sha256 path``, sorted. ``verify-image`` compares the exported tree with it: nothing extra, nothing
+changed."""
+ENGINE_MADE = frozenset(
+    {"/.dockerenv", "/dev", "/dev/console", "/dev/pts", "/dev/shm", "/etc/hostname", "/etc/hosts",  # noqa: S108
+     "/etc/mtab", "/etc/resolv.conf", "/proc", "/sys", "/run", "/run/.containerenv", "/var", "/var/tmp"}  # noqa: S108
+)  # fmt: skip
+"""Entries that Docker or Podman put in every container's tree (mount points, empty files it later mounts over, the
+``/etc/mtab`` link): in an export, each must be a directory, an empty file or that link, and nothing more."""
 
 
 def build_offline_image(
@@ -130,12 +146,15 @@ def build_offline_image(
     files[SEAL_PATH] = _seal_for(daemon.architecture)
     tree = _package_tree(spec, packages)
     progress(f"writing the context ({len(files)} files, {len(libraries)} of them libraries; {len(tree)} vendored)")
-    context = _build_context(runtime_bytes, contents.runtime_path, files, tree)
+    entries = _image_entries(runtime_bytes, contents.runtime_path, files, tree)
+    context = _build_context(entries)
     progress(f"sending {context.getbuffer().nbytes // (1024 * 1024)} MiB to the Docker engine")
     labels = {
         **spec.labels,
         spec.runtime_version_label: contents.runtime_version,
         PROTOCOL_LABEL: str(PROTOCOL_VERSION),
+        RUNTIME_DIGEST_LABEL: hashlib.sha256(runtime_bytes).hexdigest(),
+        FILES_LABEL: _manifest(entries, spec.package_root),
         **(set_labels(packages.packages, packages.files) if packages is not None else {}),
     }
     image_id = engine.build_image(context, tag=spec.tag, labels=labels, on_step=progress)
@@ -182,32 +201,64 @@ def _package_tree(spec: ImageSpec, packages: PackageSet | None) -> dict[str, byt
     return tree
 
 
-def _build_context(
+_Entry = tuple[str, int, bytes]  # kind ("directory" or "file"), mode, a file's bytes (a directory's are empty)
+
+
+def _image_entries(
     runtime: bytes, runtime_path: str, contents: Mapping[str, bytes], tree: Mapping[str, bytes]
-) -> io.BytesIO:
-    buffer = io.BytesIO()
+) -> dict[str, _Entry]:
+    """Every entry of the image, all root-owned: files with their bytes, and the directories that hold them."""
     files: dict[str, tuple[bytes, int]] = {path: (data, 0o555) for path, data in contents.items()}
     files.update((path, (data, FILE_MODE)) for path, data in tree.items())
     files[runtime_path] = (runtime, RUNTIME_MODE)
     files["/etc/passwd"] = (_PASSWD.encode(), 0o444)
     files["/etc/group"] = (_GROUP.encode(), 0o444)
-    directories = {WORKSPACE_DIR: 0o700, SCRATCH_DIR: 0o700}
+    entries: dict[str, _Entry] = {WORKSPACE_DIR: ("directory", 0o700, b""), SCRATCH_DIR: ("directory", 0o700, b"")}
     for image_path in files:
         mode = DIRECTORY_MODE if image_path in tree else 0o755
         for parent in PurePosixPath(image_path).parents:
             if str(parent) != "/":
-                directories.setdefault(str(parent), mode)
+                entries.setdefault(str(parent), ("directory", mode, b""))
+    entries.update((path, ("file", mode, data)) for path, (data, mode) in files.items())
+    return entries
+
+
+def _build_context(entries: Mapping[str, _Entry]) -> io.BytesIO:
+    buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
         archive.addfile(
             _tar_entry("Dockerfile", tarfile.REGTYPE, 0o444, len(_DOCKERFILE)), io.BytesIO(_DOCKERFILE.encode())
         )
-        for path in sorted(directories):
-            archive.addfile(_tar_entry("rootfs" + path, tarfile.DIRTYPE, directories[path], 0))
-        for path in sorted(files):
-            data, mode = files[path]
+        for path in sorted(path for path, (kind, _, _) in entries.items() if kind == "directory"):
+            archive.addfile(_tar_entry("rootfs" + path, tarfile.DIRTYPE, entries[path][1], 0))
+        for path in sorted(path for path, (kind, _, _) in entries.items() if kind == "file"):
+            _, mode, data = entries[path]
             archive.addfile(_tar_entry("rootfs" + path, tarfile.REGTYPE, mode, len(data)), io.BytesIO(data))
     buffer.seek(0)
     return buffer
+
+
+def _manifest(entries: Mapping[str, _Entry], package_root: str | None) -> str:
+    """The :data:`FILES_LABEL` of an image of these entries."""
+    lines = (
+        _manifest_line(path, kind, mode, 0, 0, hashlib.sha256(data).hexdigest() if kind == "file" else None)
+        for path, (kind, mode, data) in entries.items()
+        if not _under(path, package_root)
+    )
+    return "\n".join(sorted(lines))
+
+
+def _manifest_line(path: str, kind: str, mode: int, uid: int, gid: int, sha256: str | None, link: str = "") -> str:
+    line = f"{kind} {mode:04o} {uid}:{gid} {sha256 or '-'} {path}"
+    return f"{line} -> {link}" if link else line
+
+
+def _path_of(line: str) -> str:
+    return line.split(" ", 4)[-1].split(" -> ")[0]
+
+
+def _under(path: str, root: str | None) -> bool:
+    return root is not None and (path == root or path.startswith(root + "/"))
 
 
 def _tar_entry(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
@@ -221,7 +272,7 @@ def _tar_entry(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
     return entry
 
 
-VERIFIER_VERSION = 3
+VERIFIER_VERSION = 4
 """Bump when :func:`verify_image` checks something new: passes recorded by an earlier version then no longer count."""
 
 
@@ -321,9 +372,19 @@ def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | Non
     report.image = image
     expected = {**spec.labels, PROTOCOL_LABEL: str(PROTOCOL_VERSION)}
     wrong = sorted(key for key, value in expected.items() if image.labels.get(key) != value)
-    report.add("labels", not wrong, "all match" if not wrong else "wrong or missing: " + ", ".join(wrong))
+    built = {spec.runtime_version_label, RUNTIME_DIGEST_LABEL, FILES_LABEL, PACKAGES_LABEL, PACKAGES_DIGEST_LABEL}
+    unexpected = sorted(image.labels.keys() - expected.keys() - built)
+    report.add(
+        "labels",
+        not wrong and not unexpected,
+        "all match" if not (wrong or unexpected) else
+        "; ".join([*(["wrong or missing: " + ", ".join(wrong)] if wrong else []),
+                   *(["not the build's: " + ", ".join(unexpected)] if unexpected else [])]),
+    )  # fmt: skip
     user_ok = image.user not in ("", "0", "root") and not image.user.startswith(("0:", "root:"))
     report.add("non-root user", user_ok, image.user or "none set")
+    differs = _config_differences(image)
+    report.add("config", not differs, "as built" if not differs else "not as built: " + ", ".join(differs))
     daemon = engine.daemon_facts()
     report.add("architecture", image.architecture == daemon.architecture, image.architecture)
     _verify_contents(engine, spec, image, report)
@@ -331,29 +392,52 @@ def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | Non
     return report
 
 
+def _config_differences(image: ImageFacts) -> list[str]:
+    """The parts of the image's configuration (and its user) that are not what the build wrote."""
+    names = {
+        "env": "Env", "entrypoint": "Entrypoint", "cmd": "Cmd", "working_dir": "WorkingDir",
+        "healthcheck": "Healthcheck", "volumes": "Volumes", "exposed_ports": "ExposedPorts", "on_build": "OnBuild",
+        "stop_signal": "StopSignal", "shell": "Shell",
+    }  # fmt: skip
+    differs = [name for field_name, name in names.items()
+               if getattr(image.config, field_name) != getattr(IMAGE_CONFIG, field_name)]  # fmt: skip
+    return [*differs, "User"] if image.user != SUPERVISOR_USER else differs
+
+
 def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, report: VerifyReport) -> None:
     expected, runtime_path = spec.helper_digests, spec.runtime_path
     forbidden_names = FORBIDDEN_NAMES | spec.forbidden_names
     request = ContainerRequest(
-        image_id=image.id, command=["/nonexistent"], labels=_probe_labels(engine), apparmor=False
-    )
+        image_id=image.id, command=["/nonexistent"], labels=_probe_labels(engine), apparmor=False,
+        image_environment=image.config.env_names,
+    )  # fmt: skip
     container_id = engine.create_container(request, start=False)
     forbidden: set[str] = set()
     helpers: dict[str, tuple[str | None, int, int]] = {}
     runtime_found = False
     seal = seal_library(image.architecture)
     seal_found = False
+    runtime_digest: str | None = None
     tree = _TreeCheck(spec.package_root)
+    seen: set[str] = set()
+    engine_made: list[str] = []  # engine-made entries that are more than a mount point, an empty file or the link
     try:
         for entry in engine.export_filesystem(container_id):
             if tree.take(entry):
                 continue
+            if entry.path in ENGINE_MADE:
+                if not _plain_engine_entry(entry):
+                    engine_made.append(entry.path)
+            else:
+                seen.add(_manifest_line(entry.path, entry.kind, entry.mode, entry.uid, entry.gid, entry.sha256,
+                                        entry.link))  # fmt: skip
             if PurePosixPath(entry.path).name in forbidden_names:
                 forbidden.add(entry.path)
             if entry.path in expected:
                 helpers[entry.path] = (entry.sha256, entry.mode, entry.uid)
             if entry.path == runtime_path:
                 runtime_found = entry.kind == "file" and entry.mode == RUNTIME_MODE and entry.uid == 0
+                runtime_digest = entry.sha256
             if entry.path == SEAL_PATH:
                 seal_found = seal is not None and entry.sha256 == hashlib.sha256(seal).hexdigest()
                 seal_found = seal_found and entry.kind == "file" and entry.mode == 0o555 and entry.uid == 0
@@ -366,8 +450,44 @@ def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, r
     bad = sorted(path for path, digest in expected.items() if helpers.get(path) != (digest, 0o555, 0))
     report.add("helpers match the profile's", not bad, "all match" if not bad else "differ: " + ", ".join(bad))
     report.add("runtime sealed", runtime_found, f"{runtime_path} root-owned, mode {RUNTIME_MODE:o}")
+    digest_label = image.labels.get(RUNTIME_DIGEST_LABEL)
+    report.add(
+        "runtime digest",
+        runtime_digest == digest_label is not None,
+        f"{runtime_path} is the binary the build recorded" if runtime_digest == digest_label is not None
+        else f"{runtime_path} is not the binary the build recorded in {RUNTIME_DIGEST_LABEL}",
+    )  # fmt: skip
     report.add("seal", seal_found, f"{SEAL_PATH} " + ("matches" if seal_found else "is missing or differs"))
+    _report_files(image, seen, engine_made, report)
     tree.report(image, report)
+
+
+def _plain_engine_entry(entry: FileEntry) -> bool:
+    if entry.kind == "directory":
+        return True
+    if entry.kind == "file":
+        return entry.sha256 == _EMPTY_SHA256
+    return entry.path == "/etc/mtab" and entry.kind == "symlink" and entry.link in ("/proc/mounts", "../proc/mounts")
+
+
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+def _report_files(image: ImageFacts, seen: set[str], engine_made: list[str], report: VerifyReport) -> None:
+    """The exported tree (outside the package tree and the engine's own entries) against the build's manifest."""
+    manifest = image.labels.get(FILES_LABEL)
+    if not manifest:
+        report.add("files", False, f"no {FILES_LABEL} label: not an image this version built")
+        return
+    built = set(manifest.split("\n"))
+    odd = sorted({*map(_path_of, seen ^ built), *engine_made})
+    report.add(
+        "files",
+        not odd,
+        f"all {len(built)} entries as built"
+        if not odd
+        else "added, changed or missing: " + ", ".join(odd[:5]) + (f" and {len(odd) - 5} more" if len(odd) > 5 else ""),
+    )
 
 
 class _TreeCheck:
@@ -429,7 +549,10 @@ def _verify_run(
 ) -> None:
     spec = profile.image_spec()
     watchdog = [*profile.helper_argv("watchdog"), "60"]
-    request = ContainerRequest(image_id=image.id, command=watchdog, labels=_probe_labels(engine), apparmor=apparmor)
+    request = ContainerRequest(
+        image_id=image.id, command=watchdog, labels=_probe_labels(engine), apparmor=apparmor,
+        image_environment=image.config.env_names,
+    )  # fmt: skip
     try:
         container_id = engine.create_container(request)
     except SandboxError as exc:  # an operator's surface: the engine's own words and the fix are shown

@@ -91,6 +91,7 @@ class Provisioner:
         """Image verifications that earlier server processes recorded (the state directory), if any."""
         self._image_lock = anyio.Lock()
         self._packages: dict[str, tuple[str, ...]] = {}  # verified image ID -> the packages its labels list
+        self._image_environment: dict[str, tuple[str, ...]] = {}  # verified image ID -> the variables it sets
         self._starting: set[str] = set()  # created, not yet handed to a session or the pool (set by a worker thread)
 
     @property
@@ -138,6 +139,7 @@ class Provisioner:
                 },
                 apparmor=daemon.apparmor,
                 uid=uid,
+                image_environment=self._image_environment[image_id],
             )
             try:
                 container_id = await run_sync(
@@ -224,6 +226,7 @@ class Provisioner:
                 if packages is None:
                     raise _image_invalid()
                 self._packages[facts.id] = packages
+                self._image_environment[facts.id] = facts.config.env_names
         return facts.id
 
 
