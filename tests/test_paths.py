@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import unicodedata
 import urllib.parse
 
 import pytest
@@ -92,6 +93,49 @@ def test_nul_and_control_characters_are_refused(path: str, code: int) -> None:
 def test_bidi_controls_and_zero_width_characters_are_refused(path: str, mark: str) -> None:
     _refused(mark + path, ErrorCode.INVALID_PATH)
     _refused(path + mark + "x", ErrorCode.INVALID_PATH)
+
+
+# Characters of each refused category: controls, format characters (bidi, zero-width, invisible operators, tags),
+# line and paragraph separators, private use, surrogates and unassigned code points (noncharacters among them).
+REFUSED_CHARACTERS = {
+    "Cc": "\x00\x1b\x7f\x85\x9b",
+    "Cf": "\xad\u061c\u200b\u200e\u202e\u2060\u2064\u2066\ufeff\U0001d173\U000e0001\U000e0041",
+    "Zl": "\u2028",
+    "Zp": "\u2029",
+    "Co": "\ue000\uf8ff\U000f0000\U0010fffd",
+    "Cs": "\ud800\udbff\udc00\udfff",
+    "Cn": "\u0378\ufdd0\ufffe\uffff\U0001fffe\U00050000\U0010ffff",
+}
+
+
+@pytest.mark.parametrize(("category", "characters"), REFUSED_CHARACTERS.items(), ids=list(REFUSED_CHARACTERS))
+def test_every_control_format_separator_private_surrogate_and_unassigned_character_is_refused(
+    category: str, characters: str
+) -> None:
+    for char in characters:
+        assert unicodedata.category(char) == category, hex(ord(char))
+        for raw in (char + "a.js", "src/a" + char + "b.js", "src/a.js" + char):
+            _refused(raw, ErrorCode.INVALID_PATH)
+            with pytest.raises(SandboxError) as caught:
+                validate_path(raw)
+            assert char not in caught.value.message
+
+
+@given(valid_path, st.characters(categories=["Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"]), st.integers(0, 60))
+def test_a_character_of_a_refused_category_is_refused_wherever_it_stands(path: str, char: str, at: int) -> None:
+    _refused(path[:at] + char + path[at:], ErrorCode.INVALID_PATH)
+
+
+def test_printable_letters_marks_and_spaces_of_any_script_are_still_accepted() -> None:
+    for name in (
+        "café.js",
+        "数据/文件.txt",
+        "emoji😀.md",
+        "a b.txt",
+        "no\u00a0break.txt",
+        "ideographic\u3000space.txt",
+    ):
+        assert validate_path(name) == unicodedata.normalize("NFC", name)
 
 
 @given(valid_path, st.sampled_from(["", ".", "./"]))

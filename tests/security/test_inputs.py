@@ -10,7 +10,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from tests.test_server import CLI, TEE, ok, server_env
+from tests.test_server import CLI, SECRET, TEE, error_code, ok, server_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("image_id", "cleanup_managed")]
 
@@ -55,3 +55,29 @@ async def test_hostile_file_content_and_output_come_back_as_inert_data(tmp_path:
     answered = [message["id"] for message in messages if "result" in message]
     assert len(answered) >= 7 and len(set(answered)) == len(answered)  # initialize, six tool calls, once each
     assert all(message.get("result") != {"content": [], "isError": False} for message in messages)
+
+
+INVISIBLE_IN_PATHS = ["\u2028", "\u2029", "\u2064", "\u202e", "\u200b", "\ufeff", "\ue000", "\u0378", "\x85"]
+"""A character of each refused kind: line and paragraph separators, an invisible operator, a bidi override, zero-width
+characters, private use, unassigned, a C1 control. A name with one displays as another name, or breaks a line."""
+
+
+async def test_paths_with_invisible_or_line_breaking_characters_are_refused_by_the_tools(tmp_path: Path) -> None:
+    params = StdioServerParameters(command=CLI, args=["serve"], env=server_env(tmp_path))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+        await client.initialize()
+        for char in INVISIBLE_IN_PATHS:
+            name = f"{SECRET}{char}.js"
+            files = [{"path": name, "content": "console.log(1)"}]
+            refused = await client.call_tool("execute_javascript", {"files": files, "entrypoint": name})
+            assert error_code(refused) == "INVALID_PATH", repr(char)
+            entrypoint = {"files": [{"path": "a.js", "content": ""}], "entrypoint": f"a{char}.js"}
+            assert error_code(await client.call_tool("execute_javascript", entrypoint)) == "INVALID_PATH", repr(char)
+            assert SECRET not in json.dumps(refused.model_dump(mode="json"))
+        sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+        for char in INVISIBLE_IN_PATHS:
+            read_back = await client.call_tool("read_file", {"session_id": sid, "path": f"a{char}b.txt"})
+            assert error_code(read_back) == "INVALID_PATH", repr(char)
+            listed = await client.call_tool("list_files", {"session_id": sid, "path": f"d{char}"})
+            assert error_code(listed) == "INVALID_PATH", repr(char)
+        assert ok(await client.call_tool("destroy_sandbox", {"session_id": sid})) == {"destroyed": True}

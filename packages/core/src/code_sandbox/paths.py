@@ -1,8 +1,10 @@
 """The one workspace path validator that every tool uses.
 
 A valid path is relative, POSIX, inside ``/workspace`` and plain: no traversal (plain or percent-encoded, decoded
-repeatedly), no absolute, drive, UNC or device form, no alternate data stream, no control, bidi or zero-width
-character, no empty, ``.`` or ``..`` component, no leading ``-``, bounded in length and depth.
+repeatedly), no absolute, drive, UNC or device form, no alternate data stream, no character of Unicode's
+control, format, line or paragraph separator, private-use, surrogate or unassigned categories (controls, bidi and
+zero-width marks, and code points that show as nothing, or as whatever a font or a later Unicode makes of them),
+no empty, ``.`` or ``..`` component, no leading ``-``, bounded in length and depth.
 
 Unicode rule: paths are normalised to NFC (so a name typed on macOS, often NFD, names the same file as on
 Linux) after backslashes become slashes; validation then runs on the normalised form, so it is idempotent.
@@ -22,10 +24,18 @@ MAX_COMPONENT_BYTES = 255
 MAX_DEPTH = 20
 _MAX_DECODE_ROUNDS = 8
 
-# Bidi embedding/override/isolate marks and zero-width characters: they make a name display as another name.
-_INVISIBLE = frozenset(
-    "\u061c\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2066\u2067\u2068\u2069\ufeff"
-)
+# What each refused category is, in an error's words. A control character can end a line or drive a terminal; a
+# format character (bidi marks, zero-width characters) makes a name display as another name; the rest display as
+# nothing, or as whatever a font or a later Unicode makes of them.
+_REFUSED_CATEGORIES = {
+    "Cc": "a control character",
+    "Cf": "an invisible or bidirectional control character",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+    "Co": "a private-use character",
+    "Cs": "a surrogate",
+    "Cn": "an unassigned character",
+}
 _DRIVE = re.compile(r"^[A-Za-z]:")
 # Windows device names are refused as components so a workspace copied to Windows stays usable.
 _DEVICE = re.compile(r"^(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³]|conin\$|conout\$)(\..*)?$", re.IGNORECASE)
@@ -43,6 +53,16 @@ def _is_control(ch: str) -> bool:
     return unicodedata.category(ch) == "Cc"
 
 
+def _check_characters(path: str) -> None:
+    """Refuse a path with a character of a refused category; the error names the category, never the character."""
+    if path.isprintable():  # at C speed: no character is in a category of Other or Separator but the space
+        return
+    for ch in path:
+        kind = _REFUSED_CATEGORIES.get(unicodedata.category(ch))
+        if kind is not None:
+            raise _invalid(f"the path contains {kind}")
+
+
 def validate_path(raw: str, *, allow_root: bool = False) -> str:
     """Validate and normalise a workspace path.
 
@@ -57,10 +77,7 @@ def validate_path(raw: str, *, allow_root: bool = False) -> str:
     if not path:
         raise _invalid("the path is empty")
     _check_decoded_forms(path)
-    if any(_is_control(ch) for ch in path):
-        raise _invalid("the path contains a control character")
-    if any(ch in _INVISIBLE for ch in path):
-        raise _invalid("the path contains an invisible or bidirectional control character")
+    _check_characters(path)
     if path.startswith("/"):
         raise _invalid("the path must be relative to the workspace, not absolute, UNC or a device path")
     if _DRIVE.match(path):

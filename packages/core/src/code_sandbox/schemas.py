@@ -49,7 +49,8 @@ WorkspacePath = Annotated[
     Field(
         description=(
             "A path relative to the workspace root, with '/' separators, e.g. 'data/input.txt'. No absolute paths, "
-            "'..', '.', empty components, drive letters, ':' or a leading '-'. At most 1024 bytes and 20 levels."
+            "'..', '.', empty components, drive letters, ':' or a leading '-'; no control, invisible (bidi, "
+            "zero-width), line-separator, private-use or unassigned characters. At most 1024 bytes and 20 levels."
         ),
         min_length=1,
         max_length=MAX_PATH_CHARS,
@@ -128,7 +129,8 @@ class ListFilesInput(StrictInput):
     session_id: SessionId
     path: str = Field(
         default=".",
-        description="The directory to list, relative to the workspace root; '.' (the default) is the root.",
+        description="The directory to list, relative to the workspace root; '.' (the default) is the root. "
+        "The same rules as every path: no control or invisible characters.",
         min_length=1,
         max_length=MAX_PATH_CHARS,
     )
@@ -240,7 +242,7 @@ def run_input_models(
         str,
         Field(
             description=f"The file to run, relative to the workspace root, ending in {suffixes}; e.g. "
-            f"'{example_entrypoint}'.",
+            f"'{example_entrypoint}'. The same rules as every path: no control or invisible characters.",
             min_length=1,
             max_length=MAX_PATH_CHARS,
         ),

@@ -7,6 +7,8 @@ things happen side by side: a recorded ``initialize`` answer goes out as soon as
 (:mod:`code_sandbox.handshake`), the sandbox service starts and the warm pool fills, and the MCP SDK loads on a
 worker thread once Docker's client has (both loads are mostly CPU under one GIL; the service's comes first, so that
 the pool fills while the SDK loads). This module imports neither at the top for that reason.
+
+Every client line is judged before the SDK sees it, and every line written is escaped (:mod:`code_sandbox.wire`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -37,6 +39,7 @@ from code_sandbox.handshake import (
 from code_sandbox.liveness import default_state_dir
 from code_sandbox.profile import Profile
 from code_sandbox.settings import Settings
+from code_sandbox.wire import PARSE_ERROR, Refusal, escape_line, judge_line, refusal_line
 
 if TYPE_CHECKING:
     from code_sandbox.service import SandboxService
@@ -44,22 +47,31 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """The largest JSON-RPC line read from the client; 100 files of 2 MiB, escaped, fit well within it."""
+_OVERSIZED = f"over {MAX_MESSAGE_BYTES >> 20} MiB"
 
 
 class StdinLines:
-    """The client's lines, read from ``fd`` on a daemon thread.
+    """The client's lines, read from ``fd`` on a daemon thread; each line that is no message the SDK will take is
+    answered through ``refuse`` in its turn and not handed on.
 
     The SDK reads stdin in a worker thread that a cancellation must wait for, so SIGTERM could not stop a server
     whose client sends nothing. A daemon thread feeding a memory stream can be abandoned at once.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, refuse: Callable[[Refusal], Awaitable[None]]) -> None:
         self._fd = fd
+        self._refuse = refuse
 
     async def __aiter__(self) -> AsyncGenerator[str]:
-        send, receive = anyio.create_memory_object_stream[str](1)
+        send, receive = anyio.create_memory_object_stream[str | Refusal](1)
         token = anyio.lowlevel.current_token()
         fd = self._fd
+
+        def pass_on(line: bytes | None) -> None:
+            """Judge ``line`` (``None`` for one past the limit, of which nothing was kept) and pass it on."""
+            judged = judge_line(line) if line is not None else Refusal(PARSE_ERROR, None, _OVERSIZED)
+            if judged is not None:
+                anyio.from_thread.run(send.send, judged, token=token)
 
         def pump() -> None:
             # Raw os.read: no Python-level buffer lock that a daemon thread could still hold when the interpreter
@@ -71,31 +83,33 @@ class StdinLines:
                     *complete, rest = chunk.split(b"\n")
                     for piece in complete:
                         if oversized or size + len(piece) > MAX_MESSAGE_BYTES:
-                            logger.warning("dropped a client message larger than %d MiB", MAX_MESSAGE_BYTES >> 20)
+                            pass_on(None)
                         else:
-                            line = b"".join([*parts, piece]).decode("utf-8", "replace")
-                            anyio.from_thread.run(send.send, line, token=token)
+                            pass_on(b"".join([*parts, piece]))
                         parts, size, oversized = [], 0, False
                     size += len(rest)
                     if size > MAX_MESSAGE_BYTES:
                         parts, oversized = [], True
                     elif not oversized:
                         parts.append(rest)
-                tail = b"".join(parts)
-                if tail.strip() and not oversized:
-                    anyio.from_thread.run(send.send, tail.decode("utf-8", "replace"), token=token)
+                pass_on(None if oversized else b"".join(parts))
                 anyio.from_thread.run_sync(send.close, token=token)
             except Exception:  # the loop is gone or the stream closed: nothing is waiting for more lines
                 return
 
         threading.Thread(target=pump, name="code-sandbox stdin", daemon=True).start()
         async with receive:
-            async for line in receive:
-                yield line
+            async for item in receive:
+                if isinstance(item, Refusal):
+                    logger.warning("answered a client line that is %s with JSON-RPC error %d", item.reason, item.code)
+                    await self._refuse(item)
+                else:
+                    yield item
 
 
 class Wire:
-    """stdout for JSON-RPC: a private duplicate of fd 1, written by worker threads, one whole line at a time.
+    """stdout for JSON-RPC: a private duplicate of fd 1, written by worker threads, one whole line at a time, each
+    line made safe for a terminal by :func:`escape_line`.
 
     When ``initialize`` was answered early, the SDK's own answer to it is held back here and compared; when it was
     not, the SDK's answer is recorded for the next start.
@@ -104,6 +118,7 @@ class Wire:
     def __init__(self, fd: int, answers: RecordedAnswers) -> None:
         self._fd = fd
         self._answers = answers
+        self._writing = threading.Lock()  # the SDK's answers and refused lines' answers come from different tasks
         self._watch: Initialize | None = None
         self._sent: dict[str, Any] | None = None
         self.on_disagreement: Callable[[], None] = lambda: None
@@ -113,7 +128,7 @@ class Wire:
     async def send_early(self, request: Initialize, result: dict[str, Any]) -> None:
         """Answer ``request`` now, before the SDK has loaded; its answer will be compared, not sent."""
         self._watch, self._sent = request, result
-        await anyio.to_thread.run_sync(self._write_all, answer_line(request.id, result))
+        await anyio.to_thread.run_sync(self._write_line, answer_line(request.id, result).decode())
 
     def record(self, request: Initialize) -> None:
         """Record the SDK's answer to ``request`` when it passes through."""
@@ -135,16 +150,21 @@ class Wire:
                     logger.warning("the recorded initialize answer differed from the SDK's; recorded anew")
                 if answers:
                     return len(text)  # answered already
-        await anyio.to_thread.run_sync(self._write_all, text.encode())
+        await anyio.to_thread.run_sync(self._write_line, text)
         return len(text)
+
+    async def refuse(self, refusal: Refusal) -> None:
+        """Answer a client line that never reached the SDK."""
+        await anyio.to_thread.run_sync(self._write_line, refusal_line(refusal))
 
     async def flush(self) -> None:
         """Every write went out whole already."""
 
-    def _write_all(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
+    def _write_line(self, text: str) -> None:
+        view = memoryview(escape_line(text).encode())
+        with self._writing:
+            while view:
+                view = view[os.write(self._fd, view) :]
 
 
 def claim_stdio() -> tuple[int, int]:
@@ -186,7 +206,7 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
     services: list[SandboxService] = []
 
     async def serve() -> None:
-        lines = aiter(StdinLines(stdin_fd))
+        lines = aiter(StdinLines(stdin_fd, wire.refuse))
         async with anyio.create_task_group() as group:
 
             async def stop_on_signal() -> None:
