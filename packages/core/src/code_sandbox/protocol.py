@@ -156,7 +156,11 @@ class Supervised(Message):
     cpu_ms: Count | None
     """The sandbox cgroup's CPU time over the call, in milliseconds; ``None`` where the counter cannot be read."""
     peak_memory_bytes: Count | None
-    """The most memory the sandbox cgroup used during the call above what it used just before it."""
+    """The most memory the sandbox cgroup used during the call above what it used just before it: exact when the call
+    set a new high-water mark for the cgroup; otherwise the highest of the runner's samples (every 20 ms), unless user
+    code kept the runner from sampling (it stopped the runner, which then sees the SIGCONT that resumed it, or changed
+    its priority, CPUs or limits), when it is the cgroup's high-water mark, which the call cannot have exceeded.
+    ``None`` where the counters cannot be read."""
 
 
 class RunAnswer(Supervised):

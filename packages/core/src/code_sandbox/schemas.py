@@ -354,8 +354,9 @@ class RunOutput(Output):
         description="The most memory the run used at once, in bytes: the sandbox cgroup's memory (the program, "
         "its children and the files they wrote to /workspace and /tmp) above what it used just before the run, "
         "from the cgroup's high-water mark when the run set a new one, else its highest sample (every 20 ms), "
-        "so a short spike below an earlier run's peak can be missed: a lower bound. Null where the counter "
-        "cannot be read."
+        "so a short spike below an earlier run's peak can be missed; if the program stopped or reprioritised the "
+        "supervising runner, the cgroup's high-water mark instead (never less than the truth). Null where the "
+        "counter cannot be read."
     )
 
 

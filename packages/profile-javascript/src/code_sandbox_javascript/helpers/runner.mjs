@@ -135,19 +135,28 @@ function readOomKills() {
   return null;
 }
 
-// A process's state letter and start time (clock ticks after boot: with the pid, it names one process for good), or
-// null when it is gone.
-function procStat(pid) {
+// A process's (or with `tid`, one of its threads') state letter, thread count, fault counts, CPU ticks and start time
+// (clock ticks after boot: with the pid, it names one process for good), or null when it is gone.
+function procStat(pid, tid = null) {
   try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
+    const stat = fs.readFileSync(tid === null ? `/proc/${pid}/stat` : `/proc/${pid}/task/${tid}/stat`, 'latin1');
     const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return { state: fields[0], started: Number(fields[19]) };
+    return {
+      state: fields[0], threads: Number(fields[17]), started: Number(fields[19]),
+      ran: [fields[7], fields[9], fields[11], fields[12]].join(' '), // minflt majflt utime stime
+    };
   } catch {
     return null;
   }
 }
 
-// Live processes with our real uid, except ourselves. Zombies are already dead; init reaps them.
+// Whether a process lives, from its leader's state letter and its thread count. A zombie leader is dead only when it
+// is the last of its group: one that called pthread_exit (SYS_exit) while other threads run shows 'Z' as well, and
+// the process lives on in them (and in /proc/<pid>/task only: /proc lists leaders). A count that cannot be read
+// counts as more than one.
+const livesOn = (state, threads) => (state !== 'Z' && state !== 'X') || !(threads <= 1);
+
+// Live processes with our real uid, except ourselves. Dead zombies are gone for our purposes; init reaps them.
 function sameUidPids() {
   const uid = process.getuid();
   const pids = [];
@@ -160,9 +169,45 @@ function sameUidPids() {
       continue; // exited while we scanned
     }
     const state = /^State:\s+(\S)/m.exec(status)?.[1];
-    if (Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]) === uid && state !== 'Z' && state !== 'X') pids.push(Number(name));
+    const threads = Number(/^Threads:\s+(\d+)/m.exec(status)?.[1]);
+    if (Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]) === uid && livesOn(state, threads)) pids.push(Number(name));
   }
   return pids;
+}
+
+// Whether every thread of a process is stopped: a group stop reaches its threads one by one, and a leader seen
+// stopped says nothing about the others.
+function allStopped(pid) {
+  try {
+    const tids = fs.readdirSync(`/proc/${pid}/task`);
+    return tids.length > 0 && tids.every((tid) => procStat(pid, tid)?.state === 'T');
+  } catch {
+    return false;
+  }
+}
+
+// What a stopped process's threads have done so far: each one's state, faults, CPU ticks, scheduler run time, wait and
+// count of runs (schedstat) and context switches. A stopped thread changes none of them; one that ran even for a
+// moment changes some. null when the process is gone.
+function footprint(pid) {
+  let tids;
+  try {
+    tids = fs.readdirSync(`/proc/${pid}/task`).sort();
+  } catch {
+    return null;
+  }
+  const read = (tid, name) => {
+    try {
+      return fs.readFileSync(`/proc/${pid}/task/${tid}/${name}`, 'latin1');
+    } catch {
+      return '-';
+    }
+  };
+  return tids.map((tid) => {
+    const stat = procStat(pid, tid);
+    const switches = read(tid, 'status').match(/^(non)?voluntary_ctxt_switches:\s*\d+$/gm) ?? [];
+    return [tid, stat?.state, stat?.ran, read(tid, 'schedstat').trim(), ...switches].join(' ');
+  }).join('\n');
 }
 
 // kill(-1) signals every process we may signal (all of our uid; never init, never the caller) in one step that
@@ -190,9 +235,10 @@ async function killLeftovers(spared = null) {
   for (;;) {
     const alive = others();
     if (alive.length === 0) {
-      const state = spared === null ? null : procStat(spared)?.state ?? null;
-      if (spared === null || state === 'T' || state === null || state === 'Z' || state === 'X') {
-        return { cleanup: 'ok', killed: seen.size, sparedGone: spared !== null && state !== 'T' };
+      const stat = spared === null ? null : procStat(spared);
+      const gone = stat === null || !livesOn(stat.state, stat.threads);
+      if (spared === null || gone || allStopped(spared)) {
+        return { cleanup: 'ok', killed: seen.size, sparedGone: spared !== null && gone };
       }
       try {
         process.kill(spared, 'SIGSTOP'); // seen stopped at the next pass, with nobody else started meanwhile
@@ -264,13 +310,24 @@ function collector(cap, onOverflow, name) {
 
 const closed = (stream) => (stream.closed ? Promise.resolve() : new Promise((done) => stream.once('close', done)));
 
+// Only SIGCONT resumes a stopped process, and the process sees it: user code that stops us (and so our memory sampler)
+// must continue us for its call to end in an answer, and every such continuation is counted here.
+let continuations = 0;
+let countingContinuations = false;
+
 // What a supervised call of user code used, from the sandbox cgroup's counters before, during and after it; and
 // its progress lines on stderr, once a second, once `watch` has its output.
 function meter() {
+  if (!countingContinuations) {
+    process.on('SIGCONT', () => { continuations += 1; });
+    countingContinuations = true;
+  }
   const oomBefore = readOomKills();
   const cpuBefore = readCounter(CPU_COUNTERS);
   const peakBefore = readCounter(MEMORY_PEAK);
   const memoryBefore = readCounter(MEMORY_NOW);
+  const continuedBefore = continuations;
+  const stateBefore = ownState();
   let sampledPeak = memoryBefore;
   let progress = null;
   const started = performance.now();
@@ -293,15 +350,21 @@ function meter() {
     },
     // After the cleanup: the CPU time from before the start to now (the code, its children, and the little that the
     // runner and the idle watchdog used meanwhile), and the most the cgroup used during the call above what it used
-    // just before (the helpers' own memory): a new high-water mark set meanwhile is exact; otherwise the highest
-    // sample (every 20 ms) is as near as it gets.
-    usage() {
+    // just before (the helpers' own memory). The counters are read while no user code runs (before it starts, after
+    // the cleanup). A new high-water mark set meanwhile is exact; otherwise the highest sample (every 20 ms) is as
+    // near as it gets, unless user code kept the sampler from looking: it stopped us (we were continued) or changed
+    // our priority, CPUs or limits. Then the high-water mark stands in, which the call cannot have exceeded.
+    async usage() {
+      // A continuation that came with the run's exit is handled in a later callback than the exit's: let it run.
+      await new Promise((resolve) => setImmediate(resolve));
       const cpuAfter = readCounter(CPU_COUNTERS);
       const peakAfter = readCounter(MEMORY_PEAK);
+      const newMark = peakBefore !== null && peakAfter !== null && peakAfter > peakBefore;
+      const blind = continuations !== continuedBefore || ownState() !== stateBefore;
+      const peak = newMark || blind ? peakAfter : sampledPeak;
       return {
         cpu_ms: cpuBefore !== null && cpuAfter !== null ? Math.round(Math.max(0, cpuAfter - cpuBefore) / 1e6) : null,
-        peak_memory_bytes: memoryBefore === null ? null : Math.max(0, (peakBefore !== null && peakAfter !== null &&
-          peakAfter > peakBefore ? peakAfter : sampledPeak) - memoryBefore),
+        peak_memory_bytes: memoryBefore === null || peak === null ? null : Math.max(0, peak - memoryBefore),
       };
     },
     // Only the kernel's counter says "OOM": a SIGKILL alone could be ours or anyone's. null: not detectable here.
@@ -313,6 +376,7 @@ function meter() {
 }
 
 async function run(req) {
+  paused = null; // the cleanup kills the context with the rest
   const metered = meter();
   let child;
   try {
@@ -362,7 +426,7 @@ async function run(req) {
     await Promise.race([context.exited, sleep(DRAIN_MS)]); // killed with the rest: the run reset it
     context = null;
   }
-  const usage = metered.usage();
+  const usage = await metered.usage();
   // Every writer is dead now, so what is still buffered in the pipes arrives at once; bound the wait anyway.
   await Promise.race([Promise.all([closed(child.stdout), closed(child.stderr)]), sleep(DRAIN_MS)]);
   child.stdout.destroy();
@@ -436,7 +500,7 @@ function survey(spared) {
       if (exempt !== undefined && exempt.started === null) continue;
       if (exempt !== undefined) {
         const stat = procStat(exempt.pid);
-        if (stat !== null && stat.state === 'T' && stat.started === exempt.started) continue;
+        if (stat !== null && stat.state === 'T' && stat.started === exempt.started && allStopped(exempt.pid)) continue;
       }
       let status;
       try {
@@ -448,7 +512,8 @@ function survey(spared) {
       }
       const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]);
       const state = /^State:\s+(\S)/m.exec(status)?.[1];
-      if (uid !== 0 && uid !== own && state !== 'Z' && state !== 'X') alive += 1;
+      const threads = Number(/^Threads:\s+(\d+)/m.exec(status)?.[1]);
+      if (uid !== 0 && uid !== own && livesOn(state, threads)) alive += 1;
     }
     if (alive > 0 || vanished === 0) return alive;
   }
@@ -513,6 +578,25 @@ const MARKER_WAIT_MS = 1000;
 const MAX_CODE = 2 * 512 * 1024; // the host allows 512 Ki characters: at most twice as many UTF-16 units
 const CONTEXT_ARGV = ['--disable-proto=throw', new URL(import.meta.url).pathname, '--context'];
 let context = null;
+// The context as the last call paused it, and its footprint then: {ctx, mark}.
+let paused = null;
+
+// Whether the paused context has not run since its call ended, checked before and after every request. Between
+// calls nothing of our uid runs but us, and the survey proved it; but a signal the context arranged to come later
+// (a POSIX timer, say) would continue it, and it would run unsupervised, beside a file operation too. Its threads'
+// counters tell, even if it stopped itself again. Any change ends it, its death included (nothing tells a context
+// that ran and died from one the OOM killer ended while paused), and the channel fails the request, so the host
+// destroys the sandbox: a context that ran between calls never yields a result.
+function stillPaused() {
+  if (paused === null || footprint(paused.ctx.pid) === paused.mark) return true;
+  try {
+    process.kill(-paused.ctx.pid, 'SIGKILL');
+  } catch {
+    // already gone
+  }
+  paused = null;
+  return false;
+}
 
 function validEvaluation(req) {
   const keys = ['code', 'timeout_ms', 'stdout_cap', 'stderr_cap', 'reset', 'stream'];
@@ -525,10 +609,10 @@ function validEvaluation(req) {
   return ok ? req : null;
 }
 
-// Whether a process is alive: not gone and not a zombie that node has yet to reap.
+// Whether a process is alive: not gone and not a dead zombie that node has yet to reap.
 function isAlive(pid) {
-  const state = procStat(pid)?.state;
-  return state !== undefined && state !== 'Z' && state !== 'X';
+  const stat = procStat(pid);
+  return stat !== null && livesOn(stat.state, stat.threads);
 }
 
 async function startContext() {
@@ -604,6 +688,7 @@ function contextAnswer(line, nonce) {
 }
 
 async function evaluate(req) {
+  paused = null; // resumed below, or ended
   const metered = meter();
   if (context !== null && (req.reset || !isAlive(context.pid))) {
     const old = context;
@@ -690,14 +775,17 @@ async function evaluate(req) {
   // Everything else that the code started is killed; a living context is paused until the next call.
   const leftovers = await killLeftovers(alive ? ctx.pid : null);
   const started = alive && !leftovers.sparedGone ? procStat(ctx.pid)?.started ?? null : null;
-  const lives = started !== null && leftovers.cleanup === 'ok';
+  // Every thread is stopped now; what they have done so far must not change before the next call (stillPaused).
+  const mark = started !== null && leftovers.cleanup === 'ok' ? footprint(ctx.pid) : null;
+  const lives = mark !== null;
   if (!lives && alive) {
     ended = 'crashed'; // it died, or could not be seen stopped, after it answered
     kill('crashed');
     await Promise.race([ctx.exited, sleep(CLEANUP_GRACE_MS)]);
     if (context === ctx) context = null;
   }
-  const usage = metered.usage();
+  paused = lives ? { ctx, mark } : null;
+  const usage = await metered.usage();
   const oomKilled = !lives && ended === 'crashed' && metered.oomKilled() === true;
   return {
     ...supervised(out, err, durationMs, leftovers, usage),
@@ -861,8 +949,8 @@ async function channel() {
     }
     // A program may lower our limits, priority or CPUs (prlimit, setpriority: the kernel checks only the uid), and
     // every later program would inherit them: a channel whose state changed answers this request (never out of
-    // turn) with a failure and ends, and the host destroys the sandbox.
-    if (initial === null || ownState() !== initial) return refusal('INTERNAL_ERROR');
+    // turn) with a failure and ends, and the host destroys the sandbox. So does one whose paused context ran.
+    if (initial === null || ownState() !== initial || !stillPaused()) return refusal('INTERNAL_ERROR');
     let result;
     if (envelope.op === 'run') {
       const req = validRequest(envelope.request);
@@ -876,6 +964,8 @@ async function channel() {
       result = await fileOperation(envelope.op, envelope.request, take);
     }
     if (result.ok === false && result.code === 'INTERNAL_ERROR') return result;
+    // A paused context that ran meanwhile ran beside this request (a file operation): its answer is not given.
+    if (!stillPaused()) return refusal('INTERNAL_ERROR');
     // stderr and stdout reach the host by separate copies and may arrive out of order: this line, after every
     // stderr line of the request, tells the host that none of them is still on its way.
     await new Promise((done) => process.stderr.write(`${STDERR_END}\n`, done));
