@@ -198,7 +198,13 @@ async def test_a_symlink_made_by_user_code_destroys_the_session_at_the_next_file
 
 # -- the validator against the helper in a live container --------------------------------------------------------
 
-name = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+# Characters of the categories that paths refuse outright (control, format, separators, private-use, surrogates,
+# unassigned) are left out: drawn often, they would leave too few accepted paths to compare with the helper.
+name = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn")),
+    min_size=1,
+    max_size=12,
+)
 candidate = st.lists(name, min_size=1, max_size=4).map("/".join)
 
 
@@ -224,7 +230,6 @@ async def test_every_path_the_host_accepts_is_created_exactly_there_by_the_helpe
             accepted.append(validate_path(raw))
 
     collect()
-    # Keep paths that can coexist as files (none is a prefix directory of another), at most 60 of them.
     # Keep paths that can coexist as files (none is a directory of another) within the 100-entry limit.
     chosen: list[str] = []
     directories: set[str] = set()
