@@ -85,7 +85,7 @@ def raw_floor(engine: DockerEngine, iterations: int, image_id: str, watchdog: li
     else:
 
         def create() -> str:
-            return _raw_create_and_start(api, request, runtime)
+            return _raw_create_and_start(api, request, runtime, engine.daemon_facts().architecture)
 
         def remove(container_id: str) -> None:
             api.remove_container(container_id, force=True)
@@ -104,8 +104,8 @@ def raw_floor(engine: DockerEngine, iterations: int, image_id: str, watchdog: li
     return samples
 
 
-def _raw_create_and_start(api: Any, request: ContainerRequest, runtime: RuntimeFacts) -> str:
-    create_kwargs, host_kwargs = build_create_arguments(request, start=True, runtime=runtime)
+def _raw_create_and_start(api: Any, request: ContainerRequest, runtime: RuntimeFacts, architecture: str) -> str:
+    create_kwargs, host_kwargs = build_create_arguments(request, start=True, runtime=runtime, architecture=architecture)
     container = api.create_container(**create_kwargs, host_config=api.create_host_config(**host_kwargs))
     api.start(container["Id"])
     return str(container["Id"])

@@ -29,6 +29,7 @@ from code_sandbox.hardening import (
 from code_sandbox.image import VerifiedImages, verify_image
 from code_sandbox.profile import Profile
 from code_sandbox.provisioner import require_enforcement
+from code_sandbox.seccomp import profile_text
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.sweep import judge_container, sweep_managed
@@ -87,8 +88,12 @@ async def test_container_settings_match_the_hardening_snapshot(
         "ReadonlyRootfs": True,
         "CapDrop": ["ALL"],
         "Privileged": False,
-        # AppArmor is named only where the engine enforces it; seccomp is Docker's default profile, never named.
-        "SecurityOpt": ["no-new-privileges:true", *(["apparmor=docker-default"] if apparmor else [])],
+        # Our own seccomp profile (AF_UNIX sockets only, among others); AppArmor only where the engine enforces it.
+        "SecurityOpt": [
+            "no-new-privileges:true",
+            f"seccomp={profile_text(engine.daemon_facts().architecture)}",
+            *(["apparmor=docker-default"] if apparmor else []),
+        ],
         "Memory": 512 * MiB,
         "MemorySwap": 512 * MiB,
         "NanoCpus": 1_000_000_000,

@@ -61,8 +61,9 @@ fs.writeFileSync('locked/b.txt', 'b');
 fs.chmodSync('locked', 0o500);
 """,
     probe="""
-const fs = require('fs'), net = require('net'), os = require('os');
-const result = { interfaces: Object.keys(os.networkInterfaces()) };
+const fs = require('fs'), net = require('net');
+const result = { interfaces: fs.readFileSync('/proc/net/dev', 'utf8').split('\\n').slice(2).filter(Boolean)
+  .map((line) => line.split(':')[0].trim()) };
 try { fs.writeFileSync('/etc/probe', 'x'); result.root_write = true; } catch { result.root_write = false; }
 result.cap_eff = fs.readFileSync('/proc/self/status', 'latin1').match(/CapEff:\\s*(\\w+)/)[1];
 const watchdog = fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p)).find((p) => {
@@ -107,7 +108,8 @@ os.chmod('locked', 0o500)
 """,
     probe="""
 import json, os, re, signal, socket
-result = {'interfaces': [name for _index, name in socket.if_nameindex()]}
+with open('/proc/net/dev') as f:
+    result = {'interfaces': [line.split(':')[0].strip() for line in f.read().splitlines()[2:] if line.strip()]}
 try:
     open('/etc/probe', 'w').close()
     result['root_write'] = True

@@ -59,6 +59,7 @@ async def test_no_address_is_reachable_public_metadata_gateway_host_or_loopback(
     assert len(results) == len(targets)
     for result in results:
         assert result["outcome"] in (
+            "EPERM",  # no socket but AF_UNIX (seccomp); the rest are gVisor's netstack, which ignores the profile
             "ENETUNREACH",
             "EHOSTUNREACH",
             "ECONNREFUSED",
@@ -70,8 +71,10 @@ async def test_no_address_is_reachable_public_metadata_gateway_host_or_loopback(
 
 async def test_udp_to_a_public_resolver_fails(shared: SharedSandbox) -> None:
     source = """
-const dgram = require('dgram'); const s = dgram.createSocket('udp4');
-s.send(Buffer.from('x'), 53, '8.8.8.8', (err) => { console.log(JSON.stringify({ code: err && err.code })); s.close(); });
+const dgram = require('dgram'); const s = dgram.createSocket('udp4'); let said = false;
+const say = (err) => { if (!said) { said = true; console.log(JSON.stringify({ code: err && err.code })); } };
+s.on('error', say);  // no UDP socket at all (seccomp): the send's bind fails here
+s.send(Buffer.from('x'), 53, '8.8.8.8', (err) => { say(err); s.close(); });
 """
     outcome = json.loads((await shared.probe(source)).stdout)
     assert outcome["code"] in ("ENETUNREACH", "EHOSTUNREACH", "EPERM", "EACCES")
@@ -83,7 +86,9 @@ async def test_a_listener_in_one_sandbox_cannot_be_reached_from_another(arena: A
     listener = (
         CONNECT
         + """
-net.createServer(s => { s.on('error', () => {}); s.end('hello'); }).listen(8080, '0.0.0.0', async () => {
+const server = net.createServer(s => { s.on('error', () => {}); s.end('hello'); });
+server.on('error', (e) => console.log(`refused: ${e.code}`));
+server.listen(8080, '0.0.0.0', async () => {
   const self = await attempt('127.0.0.1', 8080);
   console.log(self.outcome === 'CONNECTED' ? 'listening' : `unreachable from itself: ${self.outcome}`);
 });
@@ -101,7 +106,7 @@ net.createServer(s => { s.on('error', () => {}); s.end('hello'); }).listen(8080,
 
     async def on_output(_stream: str, data: bytes) -> None:
         listener_output.extend(data)
-        if b"listening" in listener_output:
+        if b"listening" in listener_output or b"refused" in listener_output:  # refused: no TCP socket (seccomp)
             listening.set()
 
     async def run_listener() -> None:
@@ -118,17 +123,30 @@ net.createServer(s => { s.on('error', () => {}); s.end('hello'); }).listen(8080,
             await run_entrypoint(arena.manager, arena.bystander.id, "probe-net.js", [], timeout_seconds=10)
         )
         group.cancel_scope.cancel()
-    assert not listener_ended, "the listener stopped before the bystander's probe was done"
-    assert bytes(listener_output) == b"listening\n"
     outcomes = json.loads(probe_result[0].stdout)
     assert [outcome["host"] for outcome in outcomes] == ["127.0.0.1", "sandbox"]
     for outcome in outcomes:
         assert outcome["outcome"] != "CONNECTED", outcome
+    if bytes(listener_output) == b"refused: EPERM\n":  # our seccomp profile: neither sandbox has an IP socket
+        assert outcomes[0]["outcome"] == "EPERM"  # 'sandbox' is not even looked up
+    else:  # a runtime that ignores the profile (gVisor): a listener works at home and nowhere else
+        assert not listener_ended, "the listener stopped before the bystander's probe was done"
+        assert bytes(listener_output) == b"listening\n"
     await arena.assert_bystander_unaffected()
 
 
 async def test_the_sandbox_has_no_network_interface_but_loopback(shared: SharedSandbox) -> None:
-    source = "console.log(JSON.stringify(Object.keys(require('os').networkInterfaces())))"
-    assert json.loads((await shared.probe(source)).stdout) in ([], ["lo"])
+    # /proc/net/dev lists the namespace's interfaces; asking the kernel over netlink (os.networkInterfaces) is refused
+    # by the seccomp profile, whose socket() allows AF_UNIX alone (gVisor, which ignores it, answers with "lo").
+    source = """
+const names = require('fs').readFileSync('/proc/net/dev', 'utf8').split('\\n').slice(2).filter(Boolean)
+  .map((line) => line.split(':')[0].trim());
+let asked; try { asked = Object.keys(require('os').networkInterfaces()); } catch (e) { asked = e.message; }
+console.log(JSON.stringify({ names, asked }));
+"""
+    outcome = json.loads((await shared.probe(source)).stdout)
+    assert outcome["names"] in ([], ["lo"])
+    refused = "A system error occurred: uv_interface_addresses returned Unknown system error 1"
+    assert outcome["asked"] in ([], ["lo"]) or outcome["asked"].startswith(refused), outcome
     inspect = shared.manager.engine.inspect_container_raw(shared.session.container_id)
     assert inspect["HostConfig"]["NetworkMode"] == "none"

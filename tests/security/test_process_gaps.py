@@ -11,6 +11,7 @@ import time
 from collections.abc import Generator
 from contextlib import contextmanager, suppress
 
+import anyio
 import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
@@ -122,7 +123,10 @@ async def test_a_process_whose_leader_thread_exited_is_killed_and_counted_by_the
         result = await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
         assert (result.exit_code, result.stdout) == (0, "ran\n")
         assert result.leftover_processes_killed == 1
-        facts = manager.engine.container_facts(probe)
+        deadline = time.monotonic() + 10  # the engine learns of its process's death a moment later
+        while (facts := manager.engine.container_facts(probe)) is not None and facts.state == "running":
+            assert time.monotonic() < deadline, "the probe outlived the run's cleanup"
+            await anyio.sleep(0.1)
         assert facts is not None and facts.state == "exited"
         assert _zombie_leaders(manager.engine, session) == []
 

@@ -67,7 +67,7 @@ runner that supervises it (error SUPERVISOR_FAILED)."""
 
 # Printed as one ProbeAnswer line (code_sandbox.protocol) from inside a hardened container, for `doctor`.
 PROBE = r"""
-import json, re, socket
+import json, re
 def read(path):
     try:
         with open(path) as f:
@@ -92,7 +92,9 @@ no_new_privs = field('NoNewPrivs')
 print(json.dumps({
     'memory_max': number(read('/sys/fs/cgroup/memory.max') or read('/sys/fs/cgroup/memory/memory.limit_in_bytes')),
     'pids_max': number(read('/sys/fs/cgroup/pids.max') or read('/sys/fs/cgroup/pids/pids.max')),
-    'interfaces': [name for _index, name in socket.if_nameindex()],
+    # from /proc/net/dev: asking the kernel over netlink (socket.if_nameindex) is refused by the seccomp profile
+    'interfaces': [line.split(':')[0].strip() for line in (read('/proc/net/dev') or '').splitlines()[2:]
+                   if line.strip()],
     'root_writable': root_writable,
     'seccomp': number(field('Seccomp')),
     'no_new_privs': None if no_new_privs is None else no_new_privs == '1',

@@ -77,6 +77,8 @@ from code_sandbox.hardening import (
     WORKSPACE_DIR,
     ContainerRequest,
 )
+from code_sandbox.liveness import default_state_dir
+from code_sandbox.seccomp import profile_text
 from code_sandbox.settings import Settings, SettingsError, env_name, is_runtime_name, unknown_runtime
 
 logger = logging.getLogger(__name__)
@@ -363,7 +365,7 @@ class ExecResult:
 
 
 def build_create_arguments(
-    request: ContainerRequest, *, start: bool, runtime: RuntimeFacts
+    request: ContainerRequest, *, start: bool, runtime: RuntimeFacts, architecture: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The docker SDK arguments for a hardened container: ``create_container`` keywords and ``create_host_config``
     keywords. Every value comes from :mod:`code_sandbox.hardening` and the runtime in force; the benchmark's raw floor
@@ -374,7 +376,7 @@ def build_create_arguments(
         "network_mode": "none",
         "read_only": True,
         "cap_drop": ["ALL"],
-        "security_opt": hardening.security_opt(apparmor=request.apparmor),
+        "security_opt": hardening.security_opt(apparmor=request.apparmor, seccomp=profile_text(architecture)),
         "mem_limit": hardening.memory_bytes,
         "memswap_limit": hardening.memory_bytes,
         "nano_cpus": hardening.nano_cpus,
@@ -470,11 +472,11 @@ def tmpfs_volumes(request: ContainerRequest) -> list[TmpfsVolume]:
 
 
 def podman_host_config(
-    host_config: Mapping[str, Any], request: ContainerRequest, volumes: Iterable[TmpfsVolume]
+    host_config: Mapping[str, Any], request: ContainerRequest, volumes: Iterable[TmpfsVolume], seccomp_file: str
 ) -> dict[str, Any]:
     """:func:`build_create_arguments`' host configuration as Podman needs it (the differences above)."""
     host = {key: value for key, value in host_config.items() if key != "runtime"}
-    host["security_opt"] = request.hardening.security_opt(apparmor=False)
+    host["security_opt"] = request.hardening.security_opt(apparmor=False, seccomp=seccomp_file)
     host["ulimits"] = [*host_config["ulimits"], Ulimit(name="nproc", soft=PODMAN_NPROC, hard=PODMAN_NPROC)]
     host["tmpfs"] = dict.fromkeys((*_PODMAN_OWN_TMPFS, PTY_DIR), _SEALED_TMPFS)
     host["binds"] = [volume.bind() for volume in volumes]
@@ -846,13 +848,16 @@ class DockerEngine:
             raise SettingsError(
                 env_name("runtime"), "names a runtime the Docker engine does not have (run `code-sandbox doctor`)"
             ) from None
-        create_kwargs, host_kwargs = build_create_arguments(request, start=start, runtime=runtime)
+        architecture = self.daemon_facts().architecture
+        create_kwargs, host_kwargs = build_create_arguments(
+            request, start=start, runtime=runtime, architecture=architecture
+        )
         podman = self._podman()
         volumes = tmpfs_volumes(request) if podman else []
         try:
             if podman:
                 self._create_volumes(volumes, create_kwargs["labels"])
-                host_kwargs = podman_host_config(host_kwargs, request, volumes)
+                host_kwargs = podman_host_config(host_kwargs, request, volumes, self._seccomp_file(architecture))
             with _translate(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started"):
                 host_config = api.create_host_config(**host_kwargs)
                 try:
@@ -1145,6 +1150,35 @@ class DockerEngine:
         if not name:
             raise unavailable()
         return name, str(runtime.get("path") or "")
+
+    def _seccomp_file(self, architecture: str) -> str:
+        """Our seccomp profile as a file Podman can read: Podman takes ``seccomp=`` as a path on its own host, never
+        the profile's text. Written once, content-addressed, in this user's private state directory; an engine on
+        another host cannot read it, so none of its sandboxes start (it would run them under its own profile, which
+        lets a sandbox hold TCP and UDP buffers no cgroup counts)."""
+        if not self.address.local:
+            raise SandboxError(
+                ErrorCode.CONTAINER_START_FAILED,
+                "a Podman engine on another host cannot be given the sandbox's seccomp profile",
+                hint="run code-sandbox on the Podman host (its socket), or use a Docker engine",
+            )
+        text = profile_text(architecture)
+        path = default_state_dir() / "seccomp" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+        with contextlib.suppress(OSError):
+            if path.read_text() == text:
+                return str(path)
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            temporary = path.with_name(f".{secrets.token_hex(8)}.tmp")
+            temporary.write_text(text)
+            os.replace(temporary, path)
+        except OSError:
+            raise SandboxError(
+                ErrorCode.CONTAINER_START_FAILED,
+                "the sandbox's seccomp profile could not be written for Podman",
+                hint="check that the state directory (~/.local/state/code-sandbox) is writable",
+            ) from None
+        return str(path)
 
     def _create_volumes(self, volumes: Iterable[TmpfsVolume], labels: Mapping[str, str]) -> None:
         api = self.api()

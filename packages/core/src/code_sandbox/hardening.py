@@ -89,9 +89,10 @@ class Hardening:
             SCRATCH_DIR: _tmpfs_options(self.scratch_bytes, self.inodes, uid),
         }
 
-    def security_opt(self, *, apparmor: bool) -> list[str]:
-        # Docker's default seccomp profile applies because we never name one; "unconfined" is never set.
-        options = ["no-new-privileges:true"]
+    def security_opt(self, *, apparmor: bool, seccomp: str) -> list[str]:
+        """:param seccomp: our profile (:mod:`code_sandbox.seccomp`) as the engine takes it: its JSON text, or on
+        Podman the path of a file on the engine's host holding it. "unconfined" is never set."""
+        options = ["no-new-privileges:true", f"seccomp={seccomp}"]
         if apparmor:
             options.append("apparmor=docker-default")
         return options
