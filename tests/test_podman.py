@@ -17,11 +17,12 @@ import docker.errors
 import pytest
 import requests
 from code_sandbox import sweep
-from code_sandbox.engine import DockerEngine, ExecResult
+from code_sandbox.engine import DockerEngine, EngineAddress, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_MANAGED, LABEL_RUNTIME, ContainerRequest, user_of
 from code_sandbox.profile import Profile
 from code_sandbox.provisioner import draw_uid
+from code_sandbox.seccomp import profile_text
 from code_sandbox.settings import SettingsError
 from code_sandbox.sweep import sweep_managed
 
@@ -316,3 +317,33 @@ def test_a_sandbox_whose_volumes_were_swept_before_its_create_is_refused_and_lea
     assert caught.value.code == ErrorCode.CONTAINER_START_FAILED
     assert podman.list_containers(f"{TEST_LABEL}=1") == []
     assert podman.sandbox_volumes(tag=TAG) == []
+
+
+def test_podman_runs_sandboxes_under_our_seccomp_profile_from_a_file_it_reads(
+    podman: DockerEngine, image_id: str, profile: Profile
+) -> None:
+    # Podman takes seccomp= as a path on its own host, never the profile's text: the file is ours, in the state
+    # directory, and what runs in the container is filtered by it (no IP socket can be made).
+    container_id = podman.create_container(
+        ContainerRequest(image_id, [*profile.helper_argv("watchdog"), "60"], {LABEL_MANAGED: "true"}, False)
+    )
+    try:
+        options = podman.inspect_container_raw(container_id)["HostConfig"]["SecurityOpt"]
+        (path,) = [option.removeprefix("seccomp=") for option in options if option.startswith("seccomp=")]
+        assert Path(path).read_text() == profile_text(podman.daemon_facts().architecture)
+        assert Path(path).parent.stat().st_mode & 0o077 == 0
+        probe = "require('net').connect(9, '127.0.0.1').on('error', (e) => console.log(e.code))"
+        result = podman.exec(
+            container_id, ["/usr/local/bin/node", "-e", probe], user=user_of(draw_uid()), timeout=30, max_stdout=4096
+        )
+        assert (result.exit_code, result.stdout) == (0, b"EPERM\n")
+    finally:
+        podman.remove_container(container_id)
+
+
+def test_a_podman_engine_on_another_host_is_refused_for_it_cannot_read_the_profile() -> None:
+    remote = DockerEngine(address=EngineAddress.from_environment({"DOCKER_HOST": "ssh://root@127.0.0.1:9"}))
+    with pytest.raises(SandboxError) as caught:
+        remote._seccomp_file("x86_64")  # pyright: ignore[reportPrivateUsage] - no Podman runs on another host here
+    assert caught.value.code == ErrorCode.CONTAINER_START_FAILED
+    assert caught.value.message == "a Podman engine on another host cannot be given the sandbox's seccomp profile"
