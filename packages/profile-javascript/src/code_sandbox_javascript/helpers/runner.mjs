@@ -198,13 +198,31 @@ function footprint(pid) {
   // schedstat's run time (ns) and count of runs change whenever a thread runs at all: one read a thread, which keeps
   // the check cheap on every request. Without it (a kernel without schedstat), the thread's state, faults and ticks.
   return tids.map((tid) => {
+    let schedstat = '';
     try {
-      return `${tid} ${fs.readFileSync(`/proc/${pid}/task/${tid}/schedstat`, 'latin1').trim()}`;
+      schedstat = fs.readFileSync(`/proc/${pid}/task/${tid}/schedstat`, 'latin1').trim();
     } catch {
-      const stat = procStat(pid, tid);
-      return `${tid} ${stat?.state} ${stat?.ran}`;
+      // none: the fallback below
     }
+    // A kernel without schedstats (and delay accounting off) shows zeros that never move.
+    if (/^[1-9]/.test(schedstat)) return `${tid} ${schedstat}`;
+    const stat = procStat(pid, tid);
+    return `${tid} ${stat?.state} ${stat?.ran}`;
   }).join('\n');
+}
+
+// The footprint once it holds still: a thread shows 'T' a moment before it has stopped (it still tells its parent
+// and enters the freezer), so its counters may move just after allStopped. Two equal reads a millisecond apart, or
+// null when they never agree (the context is then not kept).
+async function settledFootprint(pid) {
+  let last = footprint(pid);
+  for (let tries = 0; tries < 20 && last !== null; tries++) {
+    await sleep(1);
+    const next = footprint(pid);
+    if (next === last) return next;
+    last = next;
+  }
+  return null;
 }
 
 // kill(-1) signals every process we may signal (all of our uid; never init, never the caller) in one step that
@@ -773,7 +791,7 @@ async function evaluate(req) {
   const leftovers = await killLeftovers(alive ? ctx.pid : null);
   const started = alive && !leftovers.sparedGone ? procStat(ctx.pid)?.started ?? null : null;
   // Every thread is stopped now; what they have done so far must not change before the next call (stillPaused).
-  const mark = started !== null && leftovers.cleanup === 'ok' ? footprint(ctx.pid) : null;
+  const mark = started !== null && leftovers.cleanup === 'ok' ? await settledFootprint(ctx.pid) : null;
   const lives = mark !== null;
   if (!lives && alive) {
     ended = 'crashed'; // it died, or could not be seen stopped, after it answered
