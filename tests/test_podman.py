@@ -6,6 +6,7 @@ reported is the one Podman uses, and a stopped container is reported as gone."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from code_sandbox import sweep
 from code_sandbox.engine import DockerEngine, EngineAddress, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_MANAGED, LABEL_RUNTIME, ContainerRequest, user_of
+from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.profile import Profile
 from code_sandbox.provisioner import draw_uid
 from code_sandbox.seccomp import profile_text
@@ -28,6 +30,7 @@ from code_sandbox.sweep import sweep_managed
 
 from tests.conftest import TEST_LABEL
 from tests.support.engines import podman_engine
+from tests.support.own_tag import OwnTagProfile
 from tests.support.run import engine_command_env, worker_tag
 from tests.support.second_engine import load_image
 from tests.test_server import CLI
@@ -110,10 +113,10 @@ def test_the_workspace_and_tmp_are_bounded_private_noexec_tmpfs_mounts_of_the_sa
         assert (mount["write"], mount["exec"]) == ("ok", "EACCES")
 
 
-def test_podmans_own_run_and_var_tmp_mounts_and_the_pty_directory_are_read_only_and_tiny(
+def test_podmans_own_run_and_var_tmp_mounts_and_the_sealed_directories_are_read_only_and_tiny(
     podman: DockerEngine, image_id: str, profile: Profile
 ) -> None:
-    _, seen = _mounts_seen(podman, image_id, profile, "/run", "/var/tmp", "/dev/pts")
+    _, seen = _mounts_seen(podman, image_id, profile, "/run", "/var/tmp", "/dev/pts", "/dev/mqueue")
     for mount in seen.values():
         assert {"ro", "noexec", "nosuid", "nodev"} <= set(mount["flags"])
         assert (mount["write"], mount["bytes"]) == ("EROFS", 4096)
@@ -347,3 +350,39 @@ def test_a_podman_engine_on_another_host_is_refused_for_it_cannot_read_the_profi
         remote._seccomp_file("x86_64")  # pyright: ignore[reportPrivateUsage] - no Podman runs on another host here
     assert caught.value.code == ErrorCode.CONTAINER_START_FAILED
     assert caught.value.message == "a Podman engine on another host cannot be given the sandbox's seccomp profile"
+
+
+def test_an_image_whose_annotations_a_runtime_would_read_fails_verification(
+    podman: DockerEngine, image_id: str, profile: Profile, tmp_path: Path
+) -> None:
+    # Podman copies an image's annotations into its containers' runtime spec (crun acts on run.oci.*), and the
+    # Docker API shows none of them: verify-image reads them from Podman's own endpoint.
+    tag = f"localhost/code-sandbox-annotated:{worker_tag()}"
+    (tmp_path / "Dockerfile").write_text(f"FROM {image_id}\n")
+    url = str(podman.address.url)
+    build = subprocess.run(
+        [str(shutil.which("podman")), "--remote", "--url", url, "build", "--annotation",
+         "run.oci.keep_original_groups=1", "-t", tag, str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    try:
+        report = verify_image(podman, OwnTagProfile(profile, tag))
+        (config,) = [check for check in report.checks if check.name == "config"]
+        assert (config.passed, config.detail) == (False, "not as built: Annotations")
+        assert {check.name for check in report.checks if not check.passed} == {"config"}
+    finally:
+        podman.untag_image(tag)
+
+
+def test_the_image_built_on_podman_passes_verification(podman: DockerEngine, profile: Profile) -> None:
+    # README's Podman set-up builds the image there: Podman's builder adds io.buildah.version, and nothing else.
+    own = OwnTagProfile(profile, f"localhost/code-sandbox-built:{worker_tag()}")
+    image_id = build_offline_image(podman, own, runtime=None, progress=lambda _step: None)
+    try:
+        report = verify_image(podman, own)
+        assert report.passed, [check for check in report.checks if not check.passed]
+        assert report.image is not None and report.image.id == image_id
+        assert set(report.image.labels) - set(profile.image_spec().labels) >= {"io.buildah.version"}
+    finally:
+        podman.untag_image(own.image_spec().tag)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import json
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -84,3 +86,41 @@ def test_clone_may_not_ask_for_a_namespace() -> None:
 def test_an_architecture_without_a_profile_is_refused() -> None:
     with pytest.raises(ValueError, match="no seccomp profile"):
         build_profile("riscv64")
+
+
+def _allowing(name: str) -> list[list[dict[str, Any]]]:
+    """The argument conditions of each rule that allows ``name`` (an empty list: allowed whatever its arguments)."""
+    return [list(rule.get("args", [])) for rule in _rules("x86_64")
+            if name in rule["names"] and rule["action"] == "SCMP_ACT_ALLOW"]  # fmt: skip
+
+
+def test_no_socket_option_can_attach_a_bpf_program() -> None:
+    # SO_ATTACH_FILTER (26), SO_ATTACH_BPF (50), SO_ATTACH_REUSEPORT_CBPF/EBPF (51, 52): about half of a filter's
+    # memory is charged to no cgroup, and its JIT code draws on the host-wide bpf_jit_limit.
+    rules = _allowing("setsockopt")
+    assert [] not in rules
+    for option in (26, 50, 51, 52):
+        assert not any(_matches(rule, {1: 1, 2: option}) for rule in rules), option
+    for option in (7, 8, 16, 20, 21, 53, 60):  # SO_SNDBUF, SO_RCVBUF, SO_PASSCRED, the timeouts, newer ones
+        assert any(_matches(rule, {1: 1, 2: option}) for rule in rules), option
+
+
+def test_no_filter_of_its_own_and_no_page_cache_probe() -> None:
+    assert _allowing("seccomp") == []  # not allowed at all
+    assert not any(_matches(rule, {0: 22}) for rule in _allowing("prctl"))  # PR_SET_SECCOMP
+    assert any(_matches(rule, {0: 4}) for rule in _allowing("prctl"))  # PR_SET_DUMPABLE: the helpers' seal
+    for name in ("preadv2", "pwritev2"):
+        assert [_matches(rule, {5: 8}) for rule in _allowing(name)] == [False]  # RWF_NOWAIT
+        assert [_matches(rule, {5: 0}) for rule in _allowing(name)] == [True]
+    assert [_matches(rule, {3: 4}) for rule in _allowing("fadvise64")] == [False]  # POSIX_FADV_DONTNEED
+
+
+def _matches(conditions: list[dict[str, Any]], arguments: dict[int, int]) -> bool:
+    """Whether a call with ``arguments`` (index -> value) meets every condition of one rule."""
+    tests: dict[str, Callable[[int, int], bool]] = {
+        "SCMP_CMP_EQ": operator.eq,
+        "SCMP_CMP_NE": operator.ne,
+        "SCMP_CMP_LE": operator.le,
+        "SCMP_CMP_GE": operator.ge,
+    }
+    return all(tests[condition["op"]](arguments[condition["index"]], condition["value"]) for condition in conditions)

@@ -33,6 +33,48 @@ async def test_a_program_cannot_load_ctypes(sandboxes: SessionManager) -> None:
     assert (result.exit_code, result.stdout) == (0, "ModuleNotFoundError\n")
 
 
+KERNEL_REACH = """
+import os, socket, struct
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = 'ok'
+    except OSError as e:
+        out[name] = e.errno
+unix = socket.socket(socket.AF_UNIX)
+program = struct.pack('HBBI', 6, 0, 0, 0xFFFF)  # one instruction: ret 0xffff
+buffer = bytearray(program)
+address = id(buffer)  # not a pointer to the bytes: the kernel must refuse before it reads any
+attempt('attach_filter', lambda: unix.setsockopt(socket.SOL_SOCKET, 26, struct.pack('HxxxxxxQ', 1, address)))
+attempt('sndbuf', lambda: unix.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536))
+attempt('inet', lambda: socket.socket(socket.AF_INET))
+attempt('netlink', lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))
+attempt('memfd_exec', lambda: os.close(os.memfd_create('x')))
+attempt('mqueue', lambda: open('/dev/mqueue/q', 'w').close())
+shared = os.open('/etc/passwd', os.O_RDONLY)  # a file of the image, which every sandbox shares
+attempt('nowait_read', lambda: os.preadv(shared, [bytearray(1)], 0, os.RWF_NOWAIT))
+attempt('dontneed', lambda: os.posix_fadvise(shared, 0, 0, os.POSIX_FADV_DONTNEED))
+attempt('plain_read', lambda: os.preadv(shared, [bytearray(1)], 0))
+print(out)
+"""
+
+
+async def test_a_program_reaches_no_kernel_object_the_cgroup_does_not_count(sandboxes: SessionManager) -> None:
+    # Python has setsockopt, memfd_create, preadv2 and fadvise where JavaScript has none: the seccomp profile refuses
+    # the forms that hold memory no cgroup counts (a BPF socket filter, an IP or netlink socket) or that tell or change
+    # what another sandbox has in the page cache; the plain forms work.
+    session = await sandboxes.create()
+    await write_files(sandboxes, session.id, [("main.py", KERNEL_REACH)], overwrite=False)
+    result = await run_entrypoint(sandboxes, session.id, "main.py", [], timeout_seconds=10)
+    assert result.exit_code == 0, result.stderr
+    eperm = 1
+    assert result.stdout.strip() == str({
+        "attach_filter": eperm, "sndbuf": "ok", "inet": eperm, "netlink": eperm, "memfd_exec": eperm,
+        "mqueue": 30, "nowait_read": eperm, "dontneed": eperm, "plain_read": "ok",
+    })  # fmt: skip
+
+
 STOP_THE_RUNNER = """
 import os, signal, time
 runner = os.getppid()

@@ -3,7 +3,10 @@ ours do (our entrypoint, our environment, no health check) and leaves no volume 
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import tarfile
 from collections.abc import Iterator
 
 import docker.errors
@@ -44,11 +47,11 @@ def variant(engine: DockerEngine, profile: Profile, image_id: str) -> Iterator[V
         ("ENV LD_PRELOAD=/opt/sandbox/x.so", {}, {"config"}),
         ('LABEL org.example.extra="1"', {}, {"labels"}),
         ("COPY extra.txt /etc/extra.txt", {"extra.txt": b"nothing to see\n"}, {"files"}),
-        ("COPY passwd /etc/passwd", {"passwd": b"root:x:0:0::/:/nonexistent\n"}, {"files"}),
+        ("COPY passwd /etc/passwd", {"passwd": b"root:x:0:0::/:/nonexistent\n"}, {"files", "users and groups"}),
         (f'LABEL {FILES_LABEL}=""', {}, {"files"}),
     ],
     ids=["node-options-require", "entrypoint-shim", "healthcheck", "volume", "cmd", "expose", "onbuild", "stopsignal",
-         "ld-preload", "extra-label", "extra-file", "changed-file", "manifest-blanked"],
+         "ld-preload", "extra-label", "extra-file", "changed-passwd", "manifest-blanked"],
 )  # fmt: skip
 def test_verify_image_refuses_a_hostile_derived_image(
     variant: Variant, tail: str, files: dict[str, bytes], failing: set[str]
@@ -95,3 +98,36 @@ def test_a_container_of_a_hostile_image_starts_as_ours_and_leaves_no_volume(
         engine.remove_container(container_id)
     with pytest.raises(docker.errors.NotFound):
         engine.api().inspect_volume(volumes[0])
+
+
+def test_a_forged_manifest_does_not_hide_what_the_host_knows_itself(
+    variant: Variant, engine: DockerEngine, image_id: str
+) -> None:
+    # Whoever rewrites the manifest label along with the files passes the files row; the users and groups, owners and
+    # modes are checked against what the host knows, whatever the labels say.
+    good = engine.image_facts(image_id)
+    assert good is not None
+    passwd = b"root:x:0:0::/:/nonexistent\nsupervisor:x:65533:65533::/:/nonexistent\nsandbox:x:1879048192:0::/:/x\n"
+    lines = [line for line in good.labels[FILES_LABEL].split("\n") if not line.endswith(" /etc/passwd")]
+    lines += [f"file 0444 0:0 {hashlib.sha256(passwd).hexdigest()} /etc/passwd"]
+    lines += [f"file 4555 0:0 {hashlib.sha256(SHIM).hexdigest()} /opt/sandbox/shim.js"]
+    manifest = "\n".join(sorted(lines))
+    forged = _tar([("etc/passwd", passwd, 0o444), ("opt/sandbox/shim.js", SHIM, 0o4555)])  # ADD keeps setuid
+    context = _tar(
+        [("Dockerfile", f"FROM {image_id}\nADD forged.tar /\n".encode(), 0o444), ("forged.tar", forged, 0o444)]
+    )
+    tag = variant.profile.image_spec().tag
+    engine.build_image(io.BytesIO(context), tag=tag, labels={FILES_LABEL: manifest}, on_step=lambda _step: None)
+    failed = variant.failed_checks()
+    assert "files" not in failed  # the forgery holds as far as labels go
+    assert {"users and groups", "owners and modes"} <= failed
+
+
+def _tar(members: list[tuple[str, bytes, int]]) -> bytes:
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, data, mode in members:
+            entry = tarfile.TarInfo(name)
+            entry.size, entry.mode = len(data), mode
+            tar.addfile(entry, io.BytesIO(data))
+    return archive.getvalue()

@@ -70,7 +70,7 @@ from code_sandbox.hardening import (
     LABEL_MANAGED,
     LABEL_RUNTIME,
     LABEL_TAG,
-    PTY_DIR,
+    SEALED_DIRS,
     SEALED_TMPFS,
     SUPERVISOR_USER,
     UNSEALED_ENVIRONMENT,
@@ -292,6 +292,9 @@ class ImageConfig:
     on_build: tuple[str, ...] = ()
     stop_signal: str = ""
     shell: tuple[str, ...] = ()
+    annotations: tuple[str, ...] = ()
+    """The image's OCI annotations as ``key=value`` (Podman copies them into its containers' runtime spec, where crun
+    and runc act on some); read on Podman only: Docker keeps none an image can set."""
 
     @property
     def env_names(self) -> tuple[str, ...]:
@@ -386,7 +389,7 @@ def build_create_arguments(
             Ulimit(name="core", soft=0, hard=0),
             Ulimit(name="nofile", soft=hardening.nofile, hard=hardening.nofile),
         ],
-        "tmpfs": {**hardening.tmpfs(request.uid), PTY_DIR: SEALED_TMPFS},
+        "tmpfs": {**hardening.tmpfs(request.uid), **dict.fromkeys(SEALED_DIRS, SEALED_TMPFS)},
         "log_config": LogConfig(type="none"),
         "auto_remove": start,
         "privileged": False,
@@ -478,7 +481,7 @@ def podman_host_config(
     host = {key: value for key, value in host_config.items() if key != "runtime"}
     host["security_opt"] = request.hardening.security_opt(apparmor=False, seccomp=seccomp_file)
     host["ulimits"] = [*host_config["ulimits"], Ulimit(name="nproc", soft=PODMAN_NPROC, hard=PODMAN_NPROC)]
-    host["tmpfs"] = dict.fromkeys((*_PODMAN_OWN_TMPFS, PTY_DIR), _SEALED_TMPFS)
+    host["tmpfs"] = dict.fromkeys((*_PODMAN_OWN_TMPFS, *SEALED_DIRS), _SEALED_TMPFS)
     host["binds"] = [volume.bind() for volume in volumes]
     return host
 
@@ -811,8 +814,19 @@ class DockerEngine:
             user=str(config.get("User") or ""),
             architecture=normalise_arch(str(data.get("Architecture", ""))),
             size=int(data.get("Size") or 0),
-            config=ImageConfig.of(config),
+            config=replace(ImageConfig.of(config), annotations=self._podman_annotations(str(data["Id"]))),
         )
+
+    def _podman_annotations(self, image_id: str) -> tuple[str, ...]:
+        if not self._podman():
+            return ()
+        api = self.api()
+        with _translate(ErrorCode.IMAGE_INVALID, "the Docker engine could not inspect the image"):
+            # Private SDK calls: the Docker API has no annotations, and the SDK no call for Podman's own endpoint.
+            response = api._get(api._url("/libpod/images/{0}/json", image_id))
+            image = cast(dict[str, Any], api._result(response, json=True))
+        annotations = cast(dict[str, Any], image.get("Annotations") or {})
+        return tuple(sorted(f"{key}={value}" for key, value in annotations.items()))
 
     def untag_image(self, tag: str) -> None:
         """Remove one tag; the image itself stays while another tag or a container refers to it."""
@@ -849,9 +863,14 @@ class DockerEngine:
                 env_name("runtime"), "names a runtime the Docker engine does not have (run `code-sandbox doctor`)"
             ) from None
         architecture = self.daemon_facts().architecture
-        create_kwargs, host_kwargs = build_create_arguments(
-            request, start=start, runtime=runtime, architecture=architecture
-        )
+        try:
+            create_kwargs, host_kwargs = build_create_arguments(
+                request, start=start, runtime=runtime, architecture=architecture
+            )
+        except ValueError:  # no seccomp profile for it (image builds refuse such engines first)
+            raise SandboxError(
+                ErrorCode.CONTAINER_START_FAILED, "sandboxes run on x86_64 and aarch64 engines only"
+            ) from None
         podman = self._podman()
         volumes = tmpfs_volumes(request) if podman else []
         try:

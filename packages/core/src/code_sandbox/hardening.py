@@ -54,10 +54,14 @@ pass it to user code."""
 
 
 PTY_DIR = "/dev/pts"
+MQUEUE_DIR = "/dev/mqueue"
+SEALED_DIRS = (PTY_DIR, MQUEUE_DIR)
 SEALED_TMPFS = "ro,noexec,nosuid,nodev,size=4096,mode=0755"
-"""An empty, read-only tmpfs laid over a directory whose contents a sandbox must not reach. Over :data:`PTY_DIR` it
-takes away the container's devpts, and with it ``/dev/ptmx`` (a link into it): every pty a sandbox opened would come
-from the host's one pool (``kernel.pty.max``, shared by every container), which no cgroup counts."""
+"""An empty, read-only tmpfs laid over each of :data:`SEALED_DIRS`, whose contents a sandbox must not reach. Over
+:data:`PTY_DIR` it takes away the container's devpts, and with it ``/dev/ptmx`` (a link into it): every pty a sandbox
+opened would come from the host's one pool (``kernel.pty.max``, shared by every container), which no cgroup counts.
+Over :data:`MQUEUE_DIR` it takes away the mqueue filesystem, where ``open(O_CREAT)`` makes a POSIX message queue
+without the system calls the seccomp profile refuses."""
 
 
 def user_of(uid: int) -> str:

@@ -77,6 +77,9 @@ IMAGE_CONFIG = ImageConfig(env=(f"PATH={IMAGE_PATH}",), working_dir=WORKSPACE_DI
 """The image's whole configuration as the build writes it (and its user, :data:`SUPERVISOR_USER`): no entrypoint,
 command, health check, volume, port, ``ONBUILD``, stop signal or shell, and no variable but ``PATH``."""
 _DOCKERFILE = f"FROM scratch\nCOPY rootfs/ /\nUSER {SUPERVISOR_USER}\nENV PATH={IMAGE_PATH}\nWORKDIR {WORKSPACE_DIR}\n"
+BUILDER_LABELS = frozenset({"io.buildah.version"})
+"""Labels an engine's builder adds to every image it builds (Podman's: the buildah version), which say nothing about
+how a container starts."""
 RUNTIME_DIGEST_LABEL = LABEL_PREFIX + "runtime.sha256"
 """The sha256 of the runtime binary the build put in the image."""
 FILES_LABEL = LABEL_PREFIX + "files"
@@ -373,7 +376,7 @@ def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | Non
     expected = {**spec.labels, PROTOCOL_LABEL: str(PROTOCOL_VERSION)}
     wrong = sorted(key for key, value in expected.items() if image.labels.get(key) != value)
     built = {spec.runtime_version_label, RUNTIME_DIGEST_LABEL, FILES_LABEL, PACKAGES_LABEL, PACKAGES_DIGEST_LABEL}
-    unexpected = sorted(image.labels.keys() - expected.keys() - built)
+    unexpected = sorted(image.labels.keys() - expected.keys() - built - BUILDER_LABELS)
     report.add(
         "labels",
         not wrong and not unexpected,
@@ -401,7 +404,14 @@ def _config_differences(image: ImageFacts) -> list[str]:
     }  # fmt: skip
     differs = [name for field_name, name in names.items()
                if getattr(image.config, field_name) != getattr(IMAGE_CONFIG, field_name)]  # fmt: skip
+    if any(not entry.startswith(_DESCRIPTIVE_ANNOTATIONS) for entry in image.config.annotations):
+        differs.append("Annotations")
     return [*differs, "User"] if image.user != SUPERVISOR_USER else differs
+
+
+_DESCRIPTIVE_ANNOTATIONS = "org.opencontainers.image."
+"""Annotations that only describe an image (Podman's builds add its base's digest); any other may be read by a runtime
+(crun's ``run.oci.*``, runc's ``org.systemd.property.*``) and fails verification."""
 
 
 def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, report: VerifyReport) -> None:
@@ -421,6 +431,8 @@ def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, r
     tree = _TreeCheck(spec.package_root)
     seen: set[str] = set()
     engine_made: list[str] = []  # engine-made entries that are more than a mount point, an empty file or the link
+    unsafe: list[str] = []  # not root's, setuid, setgid, sticky or writable by others: whatever the manifest says
+    accounts: dict[str, tuple[str, str | None]] = {}
     try:
         for entry in engine.export_filesystem(container_id):
             if tree.take(entry):
@@ -429,6 +441,10 @@ def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, r
                 if not _plain_engine_entry(entry):
                     engine_made.append(entry.path)
             else:
+                if entry.uid != 0 or entry.gid != 0 or entry.mode & _UNSAFE_BITS:
+                    unsafe.append(entry.path)
+                if entry.path in _ACCOUNTS:
+                    accounts[entry.path] = (entry.kind, entry.sha256)
                 seen.add(_manifest_line(entry.path, entry.kind, entry.mode, entry.uid, entry.gid, entry.sha256,
                                         entry.link))  # fmt: skip
             if PurePosixPath(entry.path).name in forbidden_names:
@@ -459,6 +475,18 @@ def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, r
     )  # fmt: skip
     report.add("seal", seal_found, f"{SEAL_PATH} " + ("matches" if seal_found else "is missing or differs"))
     _report_files(image, seen, engine_made, report)
+    report.add(
+        "owners and modes",
+        not unsafe,
+        "all root's, none setuid, setgid or writable by others" if not unsafe else ", ".join(sorted(unsafe)[:5]),
+    )
+    wrong_accounts = sorted(path for path, data in _ACCOUNTS.items()
+                            if accounts.get(path) != ("file", hashlib.sha256(data).hexdigest()))  # fmt: skip
+    report.add(
+        "users and groups",
+        not wrong_accounts,
+        "as the build writes them" if not wrong_accounts else "differ: " + ", ".join(wrong_accounts),
+    )
     tree.report(image, report)
 
 
@@ -471,6 +499,10 @@ def _plain_engine_entry(entry: FileEntry) -> bool:
 
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+_UNSAFE_BITS = 0o7002
+_ACCOUNTS = {"/etc/passwd": _PASSWD.encode(), "/etc/group": _GROUP.encode()}
+"""Known to the host byte for byte, whatever an image's labels say: a name for a sandbox uid, or one more member of
+group 0 or 65533, would give its processes groups they must not have."""
 
 
 def _report_files(image: ImageFacts, seen: set[str], engine_made: list[str], report: VerifyReport) -> None:

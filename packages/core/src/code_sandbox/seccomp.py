@@ -46,6 +46,11 @@ CLONE_NAMESPACE_FLAGS = (
 MFD_NOEXEC_SEAL = 0x0008
 MFD_EXEC = 0x0010
 
+# Socket options (include/uapi/asm-generic/socket.h), prctl options, fadvise advice.
+SOL_SOCKET = 1
+PR_SET_SECCOMP = 22
+POSIX_FADV_DONTNEED = 4
+
 # personality(2): PER_LINUX, and the query value (0xffffffff) that only reads the current persona.
 PER_LINUX = 0x0000
 PERSONALITY_QUERY = 0xFFFF_FFFF
@@ -154,10 +159,24 @@ ALLOWED: tuple[Group, ...] = (
         "Python's shutil use (copy_file_range, sendfile, splice, tee). All of it is bounded by the tmpfs sizes, "
         "the read-only root and file permissions.",
         _names(
-            "read write readv writev pread64 pwrite64 preadv pwritev preadv2 pwritev2 lseek close close_range dup "
-            "dup2 dup3 fcntl flock fsync fdatasync ftruncate truncate fallocate fadvise64 copy_file_range "
+            "read write readv writev pread64 pwrite64 preadv pwritev lseek close close_range dup "
+            "dup2 dup3 fcntl flock fsync fdatasync ftruncate truncate fallocate copy_file_range "
             "sendfile splice tee"
         ),
+    ),
+    Group(
+        "file-io-without-flags",
+        "preadv2/pwritev2 only with no flags: RWF_NOWAIT tells whether a page is in the page cache, and the image's "
+        "files are shared by every sandbox, so it would show which pages another sandbox touches.",
+        _names("preadv2 pwritev2"),
+        args=({"index": 5, "value": 0, "op": "SCMP_CMP_EQ"},),
+    ),
+    Group(
+        "fadvise-without-eviction",
+        "fadvise64 with any advice but POSIX_FADV_DONTNEED (4), which evicts pages of those shared files: with a "
+        "timed read, the other half of the same side channel.",
+        ("fadvise64",),
+        args=({"index": 3, "value": POSIX_FADV_DONTNEED, "op": "SCMP_CMP_NE"},),
     ),
     Group(
         "paths-and-metadata",
@@ -222,7 +241,14 @@ ALLOWED: tuple[Group, ...] = (
         "Limits (a runtime raises its own RLIMIT_NOFILE soft limit to the hard one at startup; raising a hard limit "
         "needs CAP_SYS_RESOURCE), usage counters, uname/sysinfo for the os module, getrandom for crypto and "
         "hash seeds, prctl for thread names, PR_SET_PDEATHSIG, no_new_privs and dumpability of the caller itself.",
-        _names("getrlimit setrlimit prlimit64 getrusage sysinfo uname getrandom prctl"),
+        _names("getrlimit setrlimit prlimit64 getrusage sysinfo uname getrandom"),
+    ),
+    Group(
+        "prctl-without-seccomp",
+        "prctl for thread names, PR_SET_PDEATHSIG, no_new_privs and the caller's own dumpability (the helpers' "
+        "seal), but not PR_SET_SECCOMP: see the seccomp group among the refused.",
+        ("prctl",),
+        args=({"index": 0, "value": PR_SET_SECCOMP, "op": "SCMP_CMP_NE"},),
     ),
     Group(
         "personality-query-only",
@@ -245,9 +271,31 @@ ALLOWED: tuple[Group, ...] = (
         "(measured), unlike TCP/UDP/netlink buffers on cgroup v1. The calls on an existing socket need no "
         "filter: only AF_UNIX sockets can exist.",
         _names(
-            "bind listen accept accept4 connect getsockname getpeername getsockopt setsockopt sendto recvfrom "
+            "bind listen accept accept4 connect getsockname getpeername getsockopt sendto recvfrom "
             "sendmsg recvmsg sendmmsg recvmmsg shutdown"
         ),
+    ),
+    Group(
+        "setsockopt-not-socket-level",
+        "setsockopt at any level but SOL_SOCKET (a Unix socket has no other that does anything).",
+        ("setsockopt",),
+        args=({"index": 1, "value": SOL_SOCKET, "op": "SCMP_CMP_NE"},),
+    ),
+    Group(
+        "setsockopt-below-filters",
+        "SOL_SOCKET options 1 to 25 (buffers, timeouts, SO_PASSCRED, SO_REUSEADDR and the like). Options 26 to "
+        "52 are refused: SO_ATTACH_FILTER (26), SO_ATTACH_BPF (50) and "
+        "SO_ATTACH_REUSEPORT_CBPF/EBPF (51, 52) attach BPF programs, about half of whose memory no cgroup counts "
+        "and whose JIT code draws on the host-wide bpf_jit_limit; the rest between them mean nothing to a Unix "
+        "socket.",
+        ("setsockopt",),
+        args=({"index": 1, "value": SOL_SOCKET, "op": "SCMP_CMP_EQ"}, {"index": 2, "value": 25, "op": "SCMP_CMP_LE"}),
+    ),
+    Group(
+        "setsockopt-above-filters",
+        "SOL_SOCKET options from 53 on (newer ones; none attaches a program).",
+        ("setsockopt",),
+        args=({"index": 1, "value": SOL_SOCKET, "op": "SCMP_CMP_EQ"}, {"index": 2, "value": 53, "op": "SCMP_CMP_GE"}),
     ),
     Group(
         "socket-af-unix",
@@ -260,13 +308,6 @@ ALLOWED: tuple[Group, ...] = (
         "socketpair() exists only for AF_UNIX in practice; the filter says so.",
         ("socketpair",),
         args=({"index": 0, "value": AF_UNIX, "op": "SCMP_CMP_EQ"},),
-    ),
-    Group(
-        "seccomp-self-restriction",
-        "seccomp(2) can only add filters that restrict the caller further (no_new_privs is already set), exactly "
-        "as prctl(PR_SET_SECCOMP), which is allowed with prctl. Runtimes that sandbox their own children "
-        "(Chromium, some test runners) need it; refusing one of the two paths would buy nothing.",
-        ("seccomp",),
     ),
     Group(
         "uprobe-trampolines",
@@ -324,6 +365,13 @@ REFUSED_ENOSYS: tuple[Group, ...] = (
 # Refused with the default EPERM. They are not emitted (the default action covers them); the list documents the
 # decision and lets a test check that no allowed group names one of them.
 REFUSED_EPERM: tuple[Group, ...] = (
+    Group(
+        "seccomp-filters",
+        "seccomp(2) and prctl(PR_SET_SECCOMP): a filter only restricts its caller further, but each is a BPF program "
+        "whose JIT code draws on the host-wide bpf_jit_limit, which runc needs to filter every new container; "
+        "thousands of stacked filters would exhaust it for the host.",
+        ("seccomp",),
+    ),
     Group(
         "network-sockets",
         "socket()/socketpair() of any family but AF_UNIX: AF_INET, AF_INET6, AF_PACKET, AF_VSOCK, AF_ALG and "
