@@ -212,12 +212,12 @@ function footprint(pid) {
 }
 
 // The footprint once it holds still: a thread shows 'T' a moment before it has stopped (it still tells its parent
-// and enters the freezer), so its counters may move just after allStopped. Two equal reads a millisecond apart, or
-// null when they never agree (the context is then not kept).
+// and enters the freezer), so its counters may move just after allStopped. Two equal reads, a turn of the event loop
+// apart at first and then a millisecond, or null when they never agree (the context is then not kept).
 async function settledFootprint(pid) {
   let last = footprint(pid);
   for (let tries = 0; tries < 20 && last !== null; tries++) {
-    await sleep(1);
+    await (tries < 3 ? new Promise((resolve) => setImmediate(resolve)) : sleep(1));
     const next = footprint(pid);
     if (next === last) return next;
     last = next;
