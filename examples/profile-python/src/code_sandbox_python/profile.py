@@ -9,19 +9,18 @@ protocol as the JavaScript profile's.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
-from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import cast
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hookspecs import hookimpl
-from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, Profile, ProfileInfo
+from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, Profile, ProfileInfo, read_helpers
+from code_sandbox.profile import helper_digests as core_helper_digests
 from code_sandbox.protocol import PROTOCOL_VERSION
 
 PROFILE_NAME = "python-offline"
@@ -172,20 +171,17 @@ def code_sandbox_register_profiles(register: Callable[[Profile], None]) -> None:
 
 def helper_digests() -> dict[str, str]:
     """In-image helper path -> sha256 of the source shipped in this package."""
-    return {f"{HELPER_DIR}/{name}": hashlib.sha256(data).hexdigest() for name, data in _helper_sources().items()}
+    return core_helper_digests(HELPER_DIR, _helper_sources())
 
 
 @cache
 def _helper_sources() -> dict[str, bytes]:
-    try:
-        sources = resources.files(HELPERS_PACKAGE)
-        return {name: sources.joinpath(name).read_bytes() for name in HELPER_FILES.values()}
-    except (OSError, ModuleNotFoundError):
-        raise SandboxError(
-            ErrorCode.PROFILE_ERROR,
-            "the in-container helpers are missing from the installed python-offline profile",
-            hint="reinstall code-sandbox-python-example",
-        ) from None
+    return read_helpers(
+        HELPERS_PACKAGE,
+        HELPER_FILES.values(),
+        missing="the in-container helpers are missing from the installed python-offline profile",
+        hint="reinstall code-sandbox-python-example",
+    )
 
 
 _LAYOUT_SCRIPT = """

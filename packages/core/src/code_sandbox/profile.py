@@ -8,8 +8,10 @@ object; core itself names no runtime. ``docs/profiles.md`` describes how to writ
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -186,3 +188,23 @@ class Profile(abc.ABC):
     def probe_argv(self) -> list[str]:
         """An argv that prints one :class:`code_sandbox.protocol.ProbeAnswer` line: what the kernel enforces,
         seen from inside a hardened container (``code-sandbox doctor`` runs it as an unprivileged uid)."""
+
+
+def read_helpers(package: str, names: Iterable[str], *, missing: str, hint: str) -> dict[str, bytes]:
+    """A profile's in-container helpers from its package data (:mod:`importlib.resources`, so an installed wheel
+    works outside a checkout), by file name.
+
+    :param missing: what is missing, for the error (e.g. "the in-container helpers are missing from ...").
+    :param hint: how to reinstall the package.
+    :raises SandboxError: ``PROFILE_ERROR`` when one cannot be read.
+    """
+    try:
+        sources = resources.files(package)
+        return {name: sources.joinpath(name).read_bytes() for name in names}
+    except (OSError, ModuleNotFoundError):
+        raise SandboxError(ErrorCode.PROFILE_ERROR, missing, hint=hint) from None
+
+
+def helper_digests(directory: str, sources: Mapping[str, bytes]) -> dict[str, str]:
+    """In-image helper path (``directory``/name) -> the sha256 of its source: what ``verify-image`` expects."""
+    return {f"{directory}/{name}": hashlib.sha256(data).hexdigest() for name, data in sources.items()}

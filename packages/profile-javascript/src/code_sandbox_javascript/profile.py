@@ -8,16 +8,16 @@ profile API (:mod:`code_sandbox.profile`); core learns everything about JavaScri
 from __future__ import annotations
 
 import base64
-import hashlib
 import subprocess
 from collections.abc import Callable, Sequence
 from functools import cache
-from importlib import metadata, resources
+from importlib import metadata
 from pathlib import Path
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hookspecs import hookimpl
-from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, PackageSet, Profile, ProfileInfo
+from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, PackageSet, Profile, ProfileInfo, read_helpers
+from code_sandbox.profile import helper_digests as core_helper_digests
 from code_sandbox.protocol import PROTOCOL_VERSION
 
 PROFILE_NAME = "javascript-offline"
@@ -197,20 +197,17 @@ def code_sandbox_register_profiles(register: Callable[[Profile], None]) -> None:
 
 def helper_digests() -> dict[str, str]:
     """In-image helper path -> sha256 of the source shipped in this package."""
-    return {f"{HELPER_DIR}/{name}": hashlib.sha256(data).hexdigest() for name, data in _helper_sources().items()}
+    return core_helper_digests(HELPER_DIR, _helper_sources())
 
 
 @cache
 def _helper_sources() -> dict[str, bytes]:
-    try:
-        sources = resources.files(HELPERS_PACKAGE)
-        return {name: sources.joinpath(name).read_bytes() for name in HELPER_FILES.values()}
-    except (OSError, ModuleNotFoundError):
-        raise SandboxError(
-            ErrorCode.PROFILE_ERROR,
-            "the in-container helpers are missing from the installed code-sandbox-javascript package",
-            hint="reinstall it (uv sync --frozen, or uv tool install code-sandbox-cli --reinstall)",
-        ) from None
+    return read_helpers(
+        HELPERS_PACKAGE,
+        HELPER_FILES.values(),
+        missing="the in-container helpers are missing from the installed code-sandbox-javascript package",
+        hint="reinstall it (uv sync --frozen, or uv tool install code-sandbox-cli --reinstall)",
+    )
 
 
 def _pinned_node() -> tuple[Path, str]:
