@@ -79,15 +79,13 @@ def _check_engine(settings: Settings) -> None:
         fail(error, status=2)
     if settings.runtime is None:
         return
-    engine = DockerEngine.for_settings(settings)
-    try:
-        engine.runtime_in_force()
-    except SettingsError as error:
-        fail(error, status=2)
-    except SandboxError:
-        pass
-    finally:
-        engine.close()
+    with DockerEngine.for_settings(settings) as engine:
+        try:
+            engine.runtime_in_force()
+        except SettingsError as error:
+            fail(error, status=2)
+        except SandboxError:
+            pass
 
 
 def _profile(settings: Settings) -> Profile:
@@ -168,9 +166,6 @@ async def _run_local(
     from code_sandbox.local_run import run_local
     from code_sandbox.sessions import SessionManager
 
-    engine = DockerEngine.for_settings(settings)
-    marker = ServerMarker.acquire(default_state_dir())
-    manager = SessionManager(engine, profile, replace(settings, warm_pool=0), owner=marker.owner)
     printed = {"stdout": 0, "stderr": 0}
     sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
 
@@ -179,14 +174,16 @@ async def _run_local(
         sinks[stream].flush()
         printed[stream] += len(data)
 
-    try:
-        result = await run_local(
-            manager, path, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout_seconds, output=show
-        )
-    finally:
-        await manager.shutdown()
-        engine.close()
-        marker.release(leave_marker=len(manager) > 0)
+    with DockerEngine.for_settings(settings) as engine:
+        marker = ServerMarker.acquire(default_state_dir())
+        manager = SessionManager(engine, profile, replace(settings, warm_pool=0), owner=marker.owner)
+        try:
+            result = await run_local(
+                manager, path, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout_seconds, output=show
+            )
+        finally:
+            await manager.shutdown()
+            marker.release(leave_marker=len(manager) > 0)
     # Whatever did not stream (a client that fell behind) comes from the result.
     await show("stdout", result.stdout_raw[printed["stdout"] :])
     await show("stderr", result.stderr_raw[printed["stderr"] :])
@@ -219,10 +216,8 @@ def doctor() -> None:
         engine = DockerEngine.for_settings(load_settings())
     except SandboxError:
         engine = DockerEngine()  # the settings finding reports it
-    try:
+    with engine:
         findings = run_doctor(engine, profile)
-    finally:
-        engine.close()
     if profile is None:
         findings.insert(0, Finding("profile", False, "no usable runtime profile", "uv sync --frozen"))
     rows: list[tuple[str, ...]] = []
@@ -298,14 +293,12 @@ def build_image(
     def progress(text: str) -> None:
         typer.echo(f"  {text}", err=True)
 
-    engine = DockerEngine.for_settings(settings)
-    try:
-        vendored = None if packages is None else profile.package_set(packages, sources=tarballs, progress=progress)
-        image_id = build_offline_image(engine, profile, runtime=runtime, progress=progress, packages=vendored)
-    except SandboxError as error:
-        fail(error)
-    finally:
-        engine.close()
+    with DockerEngine.for_settings(settings) as engine:
+        try:
+            vendored = None if packages is None else profile.package_set(packages, sources=tarballs, progress=progress)
+            image_id = build_offline_image(engine, profile, runtime=runtime, progress=progress, packages=vendored)
+        except SandboxError as error:
+            fail(error)
     listed = f", packages: {' '.join(vendored.packages)}" if vendored is not None else ""
     typer.echo(f"built {profile.image_spec().tag} ({image_id[:19]}){listed}")
 
@@ -320,13 +313,11 @@ def verify_image_command() -> None:
     settings = _settings()
     profile = _profile(settings)
     _check_engine(settings)
-    engine = DockerEngine.for_settings(settings)
-    try:
-        report = verify_image(engine, profile)
-    except SandboxError as error:
-        fail(error)
-    finally:
-        engine.close()
+    with DockerEngine.for_settings(settings) as engine:
+        try:
+            report = verify_image(engine, profile)
+        except SandboxError as error:
+            fail(error)
     _print_table(None, [("PASS" if check.passed else "FAIL", check.name, check.detail) for check in report.checks])
     if not report.passed:
         typer.echo(
@@ -365,30 +356,28 @@ def reap(
     _check_engine(settings)
     _configure_logging(verbose=False)  # a failed removal is logged with the engine's words
     state_dir = default_state_dir()
-    engine = DockerEngine.for_settings(settings)
-    try:
-        verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime, state_dir=state_dir, tag=tag)
-        actions = apply_verdicts(engine, verdicts, state_dir=state_dir, tag=tag, everything=all_, dry_run=dry_run)
-        now = engine.now()
-        rows: list[tuple[str, ...]] = []
-        for verdict, action in zip(verdicts, actions, strict=True):
-            container = verdict.container
-            rows.append((
-                _shown(container.labels.get(LABEL_SESSION, "?"), 16),
-                _shown(container.labels.get(LABEL_PROFILE, "?"), 20),
-                _duration(now - container.created) if container.created is not None else "?",
-                _duration(verdict.expires_at - now) if verdict.expires_at is not None else "?",
-                _shown(container.state, 8),
-                _server_of(container.labels),
-                "?" if verdict.owner == "unknown" else verdict.owner,
-                f"{action} ({verdict.reason if not all_ else 'all'})",
-            ))  # fmt: skip
-        _print_table(("SESSION", "PROFILE", "AGE", "EXPIRES IN", "STATE", "SERVER", "OWNER", "ACTION"), rows)
-        failures = actions.count("REMOVAL FAILED")
-    except SandboxError as error:
-        fail(error)
-    finally:
-        engine.close()
+    with DockerEngine.for_settings(settings) as engine:
+        try:
+            verdicts = survey_managed(engine, max_lifetime=settings.max_lifetime, state_dir=state_dir, tag=tag)
+            actions = apply_verdicts(engine, verdicts, state_dir=state_dir, tag=tag, everything=all_, dry_run=dry_run)
+            now = engine.now()
+            rows: list[tuple[str, ...]] = []
+            for verdict, action in zip(verdicts, actions, strict=True):
+                container = verdict.container
+                rows.append((
+                    _shown(container.labels.get(LABEL_SESSION, "?"), 16),
+                    _shown(container.labels.get(LABEL_PROFILE, "?"), 20),
+                    _duration(now - container.created) if container.created is not None else "?",
+                    _duration(verdict.expires_at - now) if verdict.expires_at is not None else "?",
+                    _shown(container.state, 8),
+                    _server_of(container.labels),
+                    "?" if verdict.owner == "unknown" else verdict.owner,
+                    f"{action} ({verdict.reason if not all_ else 'all'})",
+                ))  # fmt: skip
+            _print_table(("SESSION", "PROFILE", "AGE", "EXPIRES IN", "STATE", "SERVER", "OWNER", "ACTION"), rows)
+            failures = actions.count("REMOVAL FAILED")
+        except SandboxError as error:
+            fail(error)
     typer.echo(f"{len(verdicts)} managed container(s)")
     if failures:
         typer.echo(

@@ -50,7 +50,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, Self, cast
 from urllib.parse import urlsplit
 
 import docker
@@ -694,6 +694,12 @@ class DockerEngine:
             if self._api is not None:
                 self._api.close()
                 self._api = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     # -- daemon -------------------------------------------------------------------------------------------------
 
