@@ -30,6 +30,7 @@ from code_sandbox.sweep import sweep_managed
 
 from tests.conftest import TEST_LABEL
 from tests.support.engines import podman_engine
+from tests.support.inspect import inspect_container
 from tests.support.own_tag import OwnTagProfile
 from tests.support.run import engine_command_env, worker_tag
 from tests.support.second_engine import load_image
@@ -159,7 +160,7 @@ def test_the_runtime_in_force_is_the_one_podman_runs_and_no_other_is_accepted(
     assert Path(runtime.path).is_file() and not runtime.user_space_kernel
     _, container_id = _create(podman, image_id, profile, start=False)
     try:
-        labels = podman.inspect_container_raw(container_id)["Config"]["Labels"]
+        labels = inspect_container(podman, container_id)["Config"]["Labels"]
     finally:
         podman.remove_container(container_id)
     assert labels[LABEL_RUNTIME] == runtime.name
@@ -331,7 +332,7 @@ def test_podman_runs_sandboxes_under_our_seccomp_profile_from_a_file_it_reads(
         ContainerRequest(image_id, [*profile.helper_argv("watchdog"), "60"], {LABEL_MANAGED: "true"}, False)
     )
     try:
-        options = podman.inspect_container_raw(container_id)["HostConfig"]["SecurityOpt"]
+        options = inspect_container(podman, container_id)["HostConfig"]["SecurityOpt"]
         (path,) = [option.removeprefix("seccomp=") for option in options if option.startswith("seccomp=")]
         assert Path(path).read_text() == profile_text(podman.daemon_facts().architecture)
         assert Path(path).parent.stat().st_mode & 0o077 == 0

@@ -28,6 +28,7 @@ from code_sandbox.settings import SettingsError, load_settings
 from code_sandbox.sweep import sweep_managed
 
 from tests.conftest import WORKER_TAG
+from tests.support.inspect import inspect_container
 from tests.support.run import command_env
 from tests.support.runtimes import runtime_engine
 
@@ -79,7 +80,7 @@ def test_the_default_runtime_is_the_engines_and_every_container_is_labelled_with
     request = ContainerRequest(image_id, [*profile.helper_argv("watchdog"), "60"], {LABEL_MANAGED: "true"}, False)
     container = engine.create_container(request, start=False)
     try:
-        inspect = engine.inspect_container_raw(container)
+        inspect = inspect_container(engine, container)
         assert inspect["HostConfig"]["Runtime"] == "runc"
         assert inspect["Config"]["Labels"][LABEL_RUNTIME] == "runc"
         assert "CODE_SANDBOX_SEAL=optional" not in inspect["Config"]["Env"]
@@ -135,7 +136,7 @@ def test_verify_image_runs_its_hardened_probe_under_the_configured_runtime(
 
     def spy(request: ContainerRequest, **options: Any) -> str:
         container = create(request, **options)
-        runtimes.append(gvisor.inspect_container_raw(container)["HostConfig"]["Runtime"])
+        runtimes.append(inspect_container(gvisor, container)["HostConfig"]["Runtime"])
         return container
 
     monkeypatch.setattr(gvisor, "create_container", spy)

@@ -39,6 +39,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import TEST_LABEL, WORKER_TAG
 from tests.support.clock import FakeClock
+from tests.support.inspect import inspect_container
 from tests.support.run import command_env, worker_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
@@ -77,7 +78,7 @@ async def test_container_settings_match_the_hardening_snapshot(
     manager: SessionManager, engine: DockerEngine, image_id: str
 ) -> None:
     session = await manager.create()
-    inspect = engine.inspect_container_raw(session.container_id)
+    inspect = inspect_container(engine, session.container_id)
     host: dict[str, Any] = inspect["HostConfig"]
     uid = session.uid
     assert uid in SANDBOX_UIDS and inspect["Config"]["Labels"][LABEL_UID] == str(uid)

@@ -16,6 +16,7 @@ from code_sandbox.hardening import PROBE_UID, ContainerRequest, user_of
 from code_sandbox.image import FILES_LABEL, verify_image
 from code_sandbox.profile import Profile
 
+from tests.support.inspect import inspect_container
 from tests.support.own_tag import Variant, variant_of
 from tests.support.run import worker_tag
 
@@ -81,7 +82,7 @@ def test_a_container_of_a_hostile_image_starts_as_ours_and_leaves_no_volume(
     container_id = engine.create_container(request)
     volumes: list[str] = []
     try:
-        inspected = engine.inspect_container_raw(container_id)
+        inspected = inspect_container(engine, container_id)
         assert [inspected["Path"], *inspected["Args"]] == watchdog
         assert inspected["Config"]["Healthcheck"]["Test"] == ["NONE"] and "Health" not in inspected["State"]
         env = dict(entry.partition("=")[::2] for entry in inspected["Config"]["Env"])

@@ -13,6 +13,7 @@ from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.workspace import write_files
 
 from tests.security.conftest import Arena, SharedSandbox
+from tests.support.inspect import inspect_container
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
@@ -148,5 +149,5 @@ console.log(JSON.stringify({ names, asked }));
     assert outcome["names"] in ([], ["lo"])
     refused = "A system error occurred: uv_interface_addresses returned Unknown system error 1"
     assert outcome["asked"] in ([], ["lo"]) or outcome["asked"].startswith(refused), outcome
-    inspect = shared.manager.engine.inspect_container_raw(shared.session.container_id)
+    inspect = inspect_container(shared.manager.engine, shared.session.container_id)
     assert inspect["HostConfig"]["NetworkMode"] == "none"

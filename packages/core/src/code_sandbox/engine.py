@@ -980,11 +980,6 @@ class DockerEngine:
             created=_parse_created(data.get("Created")),
         )
 
-    def inspect_container_raw(self, container_id: str) -> dict[str, Any]:
-        """The daemon's full inspect document, for snapshot tests and ``doctor``; never shown to clients."""
-        with _translate(ErrorCode.CONTAINER_UNAVAILABLE, "the Docker engine could not inspect a sandbox"):
-            return cast(dict[str, Any], self.api().inspect_container(container_id))
-
     def list_containers(self, label: str, *more_labels: str) -> list[ContainerFacts]:
         """Every container (running or not) that carries every label given (``key`` or ``key=value``)."""
         filters = {"label": [label, *more_labels]}

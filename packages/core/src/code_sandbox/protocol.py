@@ -24,7 +24,6 @@ MAX_SAFE_INTEGER = 2**53
 count or duration comes near it."""
 MAX_B64_CHARS = (64 * 1024 * 1024 * 4) // 3 + 4
 """Base64 of the runner's largest output cap (64 MiB)."""
-MAX_TEXT_CHARS = 2 * 1024 * 1024
 MAX_READ_CHARS = (MAX_FILE_BYTES + 2) // 3 * 4
 """A read's content: base64 of the largest file; a text read is held to its byte counts by the caller."""
 MAX_PATH_CHARS = 8192
