@@ -7,7 +7,8 @@ import hashlib
 import pytest
 from code_sandbox.engine import DockerEngine, FileEntry, ImageFacts
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.image import Check, VerifyReport, _TreeCheck, build_offline_image  # pyright: ignore[reportPrivateUsage]
+from code_sandbox.image import Check, VerifyReport, build_offline_image
+from code_sandbox.image.verify import _TreeCheck  # pyright: ignore[reportPrivateUsage]
 from code_sandbox.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL, packages_of, set_labels, shortened
 from code_sandbox.profile import PackageSet, Profile
 

@@ -1,42 +1,40 @@
-"""Build the sandbox image offline and verify an image before anything runs on it.
-
-The offline build writes a ``FROM scratch`` context in memory: the profile's runtime binary (root-owned and
-unreadable, mode 0711), the seal (:mod:`code_sandbox.seal`), the profile's files (helpers, any library tree;
-root-owned, 0555), the shared libraries these need, an operator's package set if one is given (root-owned, read-only),
-``/etc/passwd`` and ``/etc/group`` with the supervisor user, and empty mount points. Verification checks labels
-(including the helper protocol's version), user, contents (the package tree against its digest) and a real run.
-"""
+"""Verifying an image before anything runs on it: its labels (the helper protocol's version among them), user and whole
+configuration as built, its exported tree against the build's manifest and what the host knows itself, the package
+tree against its digest, and a hardened run; and the record of passes that later servers trust."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
-import platform
 import re
 import stat
-import tarfile
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from code_sandbox.elf import is_elf, resolve_runtime_files
-from code_sandbox.engine import DockerEngine, FileEntry, ImageConfig, ImageFacts, normalise_arch
-from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.engine import DockerEngine, FileEntry, ImageFacts
+from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import (
-    ENVIRONMENT,
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
-    LABEL_PREFIX,
     PROBE_UID,
-    SCRATCH_DIR,
-    SUPERVISOR_UID,
     SUPERVISOR_USER,
-    WORKSPACE_DIR,
     ContainerRequest,
     user_of,
+)
+from code_sandbox.image.layout import (
+    BUILDER_LABELS,
+    ENGINE_MADE,
+    FILES_LABEL,
+    FORBIDDEN_NAMES,
+    GROUP,
+    IMAGE_CONFIG,
+    PASSWD,
+    RUNTIME_DIGEST_LABEL,
+    RUNTIME_MODE,
+    manifest_line,
+    path_of,
 )
 from code_sandbox.liveness import is_private_directory
 from code_sandbox.package_sets import (
@@ -44,236 +42,12 @@ from code_sandbox.package_sets import (
     FILE_MODE,
     PACKAGES_DIGEST_LABEL,
     PACKAGES_LABEL,
-    is_package_name,
     packages_of,
     set_digest,
-    set_labels,
 )
-from code_sandbox.profile import ImageContents, ImageSpec, PackageSet, Profile
+from code_sandbox.profile import ImageSpec, Profile
 from code_sandbox.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
-from code_sandbox.seal import SEAL_PATH, seal_architectures, seal_library
-
-Progress = Callable[[str], None]
-
-# Names that must not exist anywhere in the image: shells, system package managers and privilege tools. A profile
-# adds its runtime's own package managers (ImageSpec.forbidden_names).
-FORBIDDEN_NAMES = frozenset(
-    {"sh", "bash", "dash", "ash", "zsh", "ksh", "csh", "busybox", "apt", "apt-get", "dpkg", "apk", "rpm", "yum",
-     "dnf", "su", "sudo", "doas", "env"}
-)  # fmt: skip
-
-_PASSWD = (
-    "root:x:0:0:root:/nonexistent:/nonexistent\n"
-    f"supervisor:x:{SUPERVISOR_UID}:{SUPERVISOR_UID}:supervisor:/nonexistent:/nonexistent\n"
-)
-_GROUP = f"root:x:0:\nsupervisor:x:{SUPERVISOR_UID}:\n"
-RUNTIME_MODE = 0o711
-"""Root-owned and unreadable: the kernel then makes every process that execs the runtime non-dumpable from its first
-instruction, so code in a sandbox cannot open another process's ``/proc/<pid>/fd`` or ``mem``, nor ptrace it, even
-under its own uid. The seal (:mod:`code_sandbox.seal`) is a second layer. gVisor cannot execute such a binary (it
-needs read permission to load it), so these images do not run under runsc yet (SECURITY.md, "Under gVisor")."""
-IMAGE_PATH = ENVIRONMENT["PATH"]
-IMAGE_CONFIG = ImageConfig(env=(f"PATH={IMAGE_PATH}",), working_dir=WORKSPACE_DIR)
-"""The image's whole configuration as the build writes it (and its user, :data:`SUPERVISOR_USER`): no entrypoint,
-command, health check, volume, port, ``ONBUILD``, stop signal or shell, and no variable but ``PATH``."""
-_DOCKERFILE = f"FROM scratch\nCOPY rootfs/ /\nUSER {SUPERVISOR_USER}\nENV PATH={IMAGE_PATH}\nWORKDIR {WORKSPACE_DIR}\n"
-BUILDER_LABELS = frozenset({"io.buildah.version"})
-"""Labels an engine's builder adds to every image it builds (Podman's: the buildah version), which say nothing about
-how a container starts."""
-RUNTIME_DIGEST_LABEL = LABEL_PREFIX + "runtime.sha256"
-"""The sha256 of the runtime binary the build put in the image."""
-FILES_LABEL = LABEL_PREFIX + "files"
-"""The build's manifest: one line per entry of the image outside the package tree (which its own labels cover), as
-``kind mode uid:gid sha256 path``, sorted. ``verify-image`` compares the exported tree with it: nothing extra, nothing
-changed."""
-ENGINE_MADE = frozenset(
-    {"/.dockerenv", "/dev", "/dev/console", "/dev/pts", "/dev/shm", "/etc/hostname", "/etc/hosts",  # noqa: S108
-     "/etc/mtab", "/etc/resolv.conf", "/proc", "/sys", "/run", "/run/.containerenv", "/var", "/var/tmp"}  # noqa: S108
-)  # fmt: skip
-"""Entries that Docker or Podman put in every container's tree (mount points, empty files it later mounts over, the
-``/etc/mtab`` link): in an export, each must be a directory, an empty file or that link, and nothing more."""
-
-
-def build_offline_image(
-    engine: DockerEngine,
-    profile: Profile,
-    *,
-    runtime: Path | None,
-    progress: Progress,
-    packages: PackageSet | None = None,
-) -> str:
-    """Build the profile's image without any registry and tag it with the profile's single allowlisted tag.
-
-    :param runtime: an operator-supplied runtime binary, or ``None`` for the profile's pinned one.
-    :param packages: a checked package set to vendor (:meth:`Profile.package_set`), or ``None`` for none.
-    :return: the new image's immutable ``sha256:`` ID.
-    """
-    daemon = engine.daemon_facts()
-    if daemon.os_type != "linux":
-        raise SandboxError(
-            ErrorCode.IMAGE_BUILD_FAILED,
-            "the Docker engine does not run Linux containers",
-            hint="switch Docker Desktop to Linux containers",
-        )
-    here = normalise_arch(platform.machine().lower())
-    if here != daemon.architecture:  # the image's libraries are this machine's
-        raise SandboxError(
-            ErrorCode.IMAGE_BUILD_FAILED,
-            f"the Docker engine runs {daemon.architecture} but this machine is {here}",
-            hint="run build-image on a Linux machine of the engine's architecture (it may be the engine's host)",
-        )
-    progress("collecting the runtime and helpers")
-    contents = profile.image_contents(runtime)
-    spec = profile.image_spec()
-    if packages is not None and spec.package_root is None:
-        raise SandboxError(ErrorCode.IMAGE_BUILD_FAILED, f"the {profile.name} profile has no package sets")
-    files = _read_files(contents)
-    modules = [source for path, source in contents.files.items() if isinstance(source, Path) and is_elf(files[path])]
-    info, libraries = resolve_runtime_files(contents.runtime_source, modules)
-    if info.machine != daemon.architecture:
-        raise SandboxError(
-            ErrorCode.IMAGE_BUILD_FAILED,
-            f"the runtime binary is for {info.machine} but the Docker engine runs {daemon.architecture}",
-            hint="pass --runtime with a Linux binary for the Docker daemon's architecture",
-        )
-    progress("checking the runtime binary's digest")
-    runtime_bytes = contents.runtime_source.read_bytes()
-    if contents.runtime_sha256 is not None and hashlib.sha256(runtime_bytes).hexdigest() != contents.runtime_sha256:
-        raise SandboxError(
-            ErrorCode.IMAGE_BUILD_FAILED,
-            "the pinned runtime binary does not match its recorded sha256",
-            hint=contents.reinstall_hint,
-        )
-    for image_path, host_path in libraries.items():
-        files.setdefault(image_path, host_path.read_bytes())
-    files[SEAL_PATH] = _seal_for(daemon.architecture)
-    tree = _package_tree(spec, packages)
-    progress(f"writing the context ({len(files)} files, {len(libraries)} of them libraries; {len(tree)} vendored)")
-    entries = _image_entries(runtime_bytes, contents.runtime_path, files, tree)
-    context = _build_context(entries)
-    progress(f"sending {context.getbuffer().nbytes // (1024 * 1024)} MiB to the Docker engine")
-    labels = {
-        **spec.labels,
-        spec.runtime_version_label: contents.runtime_version,
-        PROTOCOL_LABEL: str(PROTOCOL_VERSION),
-        RUNTIME_DIGEST_LABEL: hashlib.sha256(runtime_bytes).hexdigest(),
-        FILES_LABEL: _manifest(entries, spec.package_root),
-        **(set_labels(packages.packages, packages.files) if packages is not None else {}),
-    }
-    image_id = engine.build_image(context, tag=spec.tag, labels=labels, on_step=progress)
-    progress(f"built {spec.tag}")
-    return image_id
-
-
-def _seal_for(architecture: str) -> bytes:
-    seal = seal_library(architecture)
-    if seal is None:
-        raise SandboxError(
-            ErrorCode.IMAGE_BUILD_FAILED,
-            f"sandbox images can be built for {' and '.join(seal_architectures())} engines only",
-        )
-    return seal
-
-
-def _read_files(contents: ImageContents) -> dict[str, bytes]:
-    files: dict[str, bytes] = {}
-    for image_path, source in contents.files.items():
-        if not image_path.startswith("/") or ".." in PurePosixPath(image_path).parts:
-            raise SandboxError(ErrorCode.PROFILE_ERROR, "the profile put a file outside the image's root")
-        try:
-            files[image_path] = source.read_bytes() if isinstance(source, Path) else bytes(source)
-        except OSError:
-            raise SandboxError(
-                ErrorCode.IMAGE_BUILD_FAILED, "a file the runtime needs cannot be read", hint=contents.reinstall_hint
-            ) from None
-    return files
-
-
-def _package_tree(spec: ImageSpec, packages: PackageSet | None) -> dict[str, bytes]:
-    """The package set's files at their image paths; each relative path is checked again here."""
-    if packages is None or spec.package_root is None:
-        return {}
-    listed = packages.packages
-    if not listed or listed != tuple(sorted(set(listed))) or not all(map(is_package_name, listed)):
-        raise SandboxError(ErrorCode.PROFILE_ERROR, "the profile's package list is empty, unsorted or malformed")
-    tree: dict[str, bytes] = {}
-    for relative, data in packages.files.items():
-        if any(part in ("", ".", "..") for part in relative.split("/")):  # an absolute path starts with ""
-            raise SandboxError(ErrorCode.PROFILE_ERROR, "the profile put a package file outside the package tree")
-        tree[f"{spec.package_root}/{relative}"] = data
-    return tree
-
-
-_Entry = tuple[str, int, bytes]  # kind ("directory" or "file"), mode, a file's bytes (a directory's are empty)
-
-
-def _image_entries(
-    runtime: bytes, runtime_path: str, contents: Mapping[str, bytes], tree: Mapping[str, bytes]
-) -> dict[str, _Entry]:
-    """Every entry of the image, all root-owned: files with their bytes, and the directories that hold them."""
-    files: dict[str, tuple[bytes, int]] = {path: (data, 0o555) for path, data in contents.items()}
-    files.update((path, (data, FILE_MODE)) for path, data in tree.items())
-    files[runtime_path] = (runtime, RUNTIME_MODE)
-    files["/etc/passwd"] = (_PASSWD.encode(), 0o444)
-    files["/etc/group"] = (_GROUP.encode(), 0o444)
-    entries: dict[str, _Entry] = {WORKSPACE_DIR: ("directory", 0o700, b""), SCRATCH_DIR: ("directory", 0o700, b"")}
-    for image_path in files:
-        mode = DIRECTORY_MODE if image_path in tree else 0o755
-        for parent in PurePosixPath(image_path).parents:
-            if str(parent) != "/":
-                entries.setdefault(str(parent), ("directory", mode, b""))
-    entries.update((path, ("file", mode, data)) for path, (data, mode) in files.items())
-    return entries
-
-
-def _build_context(entries: Mapping[str, _Entry]) -> io.BytesIO:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        archive.addfile(
-            _tar_entry("Dockerfile", tarfile.REGTYPE, 0o444, len(_DOCKERFILE)), io.BytesIO(_DOCKERFILE.encode())
-        )
-        for path in sorted(path for path, (kind, _, _) in entries.items() if kind == "directory"):
-            archive.addfile(_tar_entry("rootfs" + path, tarfile.DIRTYPE, entries[path][1], 0))
-        for path in sorted(path for path, (kind, _, _) in entries.items() if kind == "file"):
-            _, mode, data = entries[path]
-            archive.addfile(_tar_entry("rootfs" + path, tarfile.REGTYPE, mode, len(data)), io.BytesIO(data))
-    buffer.seek(0)
-    return buffer
-
-
-def _manifest(entries: Mapping[str, _Entry], package_root: str | None) -> str:
-    """The :data:`FILES_LABEL` of an image of these entries."""
-    lines = (
-        _manifest_line(path, kind, mode, 0, 0, hashlib.sha256(data).hexdigest() if kind == "file" else None)
-        for path, (kind, mode, data) in entries.items()
-        if not _under(path, package_root)
-    )
-    return "\n".join(sorted(lines))
-
-
-def _manifest_line(path: str, kind: str, mode: int, uid: int, gid: int, sha256: str | None, link: str = "") -> str:
-    line = f"{kind} {mode:04o} {uid}:{gid} {sha256 or '-'} {path}"
-    return f"{line} -> {link}" if link else line
-
-
-def _path_of(line: str) -> str:
-    return line.split(" ", 4)[-1].split(" -> ")[0]
-
-
-def _under(path: str, root: str | None) -> bool:
-    return root is not None and (path == root or path.startswith(root + "/"))
-
-
-def _tar_entry(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
-    entry = tarfile.TarInfo(name)
-    entry.type = kind
-    entry.mode = mode
-    entry.size = size
-    entry.uid = entry.gid = 0
-    entry.uname = entry.gname = "root"
-    entry.mtime = 0  # reproducible: the same inputs give the same context
-    return entry
-
+from code_sandbox.seal import SEAL_PATH, seal_library
 
 VERIFIER_VERSION = 4
 """Bump when :func:`verify_image` checks something new: passes recorded by an earlier version then no longer count."""
@@ -445,7 +219,7 @@ def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, r
                     unsafe.append(entry.path)
                 if entry.path in _ACCOUNTS:
                     accounts[entry.path] = (entry.kind, entry.sha256)
-                seen.add(_manifest_line(entry.path, entry.kind, entry.mode, entry.uid, entry.gid, entry.sha256,
+                seen.add(manifest_line(entry.path, entry.kind, entry.mode, entry.uid, entry.gid, entry.sha256,
                                         entry.link))  # fmt: skip
             if PurePosixPath(entry.path).name in forbidden_names:
                 forbidden.add(entry.path)
@@ -500,7 +274,7 @@ def _plain_engine_entry(entry: FileEntry) -> bool:
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _UNSAFE_BITS = 0o7002
-_ACCOUNTS = {"/etc/passwd": _PASSWD.encode(), "/etc/group": _GROUP.encode()}
+_ACCOUNTS = {"/etc/passwd": PASSWD.encode(), "/etc/group": GROUP.encode()}
 """Known to the host byte for byte, whatever an image's labels say: a name for a sandbox uid, or one more member of
 group 0 or 65533, would give its processes groups they must not have."""
 
@@ -512,7 +286,7 @@ def _report_files(image: ImageFacts, seen: set[str], engine_made: list[str], rep
         report.add("files", False, f"no {FILES_LABEL} label: not an image this version built")
         return
     built = set(manifest.split("\n"))
-    odd = sorted({*map(_path_of, seen ^ built), *engine_made})
+    odd = sorted({*map(path_of, seen ^ built), *engine_made})
     report.add(
         "files",
         not odd,
