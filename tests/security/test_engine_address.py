@@ -8,11 +8,8 @@ machine (and so to the engine) in the clear.
 
 from __future__ import annotations
 
-import contextlib
 import re
-import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import pytest
 from code_sandbox.engine import DockerEngine, EngineAddress
 from code_sandbox.settings import SettingsError
 
+from tests.support.proxy import Proxy
 from tests.support.run import engine_command_env
 from tests.support.tls import make_certificates
 from tests.test_server import CLI
@@ -32,52 +30,14 @@ REFUSAL = (
 )
 
 
-class PlainForwarder:
-    """Forwards plain TCP on loopback to the engine's unix socket and counts the connections it was offered."""
-
-    def __init__(self, socket_path: str) -> None:
-        self._path = socket_path
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self.connections = 0
-        self._threads: list[threading.Thread] = []
-        self._accepting = threading.Thread(target=self._accept, daemon=True)
-        self._accepting.start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = self._listener.accept()
-                self.connections += 1
-                engine = socket.socket(socket.AF_UNIX)
-                engine.connect(self._path)
-                for source, sink in ((client, engine), (engine, client)):
-                    thread = threading.Thread(target=_pump, args=(source, sink), daemon=True)
-                    thread.start()
-                    self._threads.append(thread)
-
-    def close(self) -> None:
-        self._listener.close()
-        for thread in self._threads:
-            thread.join(timeout=5)
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while data := source.recv(65536):
-            sink.sendall(data)
-    with contextlib.suppress(OSError):
-        sink.shutdown(socket.SHUT_WR)
-
-
 @pytest.fixture
-def forwarder(engine: DockerEngine) -> Iterator[PlainForwarder]:
+def forwarder(engine: DockerEngine) -> Iterator[Proxy]:
+    """Plain TCP on loopback to the shared engine's unix socket, counting the connections it is offered."""
     url = engine.address.url
     if url is not None and not url.startswith("unix://"):
         pytest.fail("the shared engine must be reached through a unix socket for this test")
-    forwarder = PlainForwarder(url.removeprefix("unix://") if url else "/var/run/docker.sock")
-    yield forwarder
-    forwarder.close()
+    with Proxy(url.removeprefix("unix://") if url else "/var/run/docker.sock") as forwarder:
+        yield forwarder
 
 
 @pytest.fixture
@@ -85,7 +45,7 @@ def tls_variables(tmp_path: Path) -> dict[str, str]:
     return {"DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(make_certificates(tmp_path / "tls").client_dir)}
 
 
-def test_the_forwarder_reaches_the_engine_in_plain_text(forwarder: PlainForwarder) -> None:
+def test_the_forwarder_reaches_the_engine_in_plain_text(forwarder: Proxy) -> None:
     """The premise: an http:// address without TLS settings does reach the engine through it (and is refused by
     code-sandbox as an engine anyone could pose as)."""
     import docker
@@ -111,7 +71,7 @@ def test_an_http_address_with_tls_variables_is_not_a_checked_engine(scheme: str,
 
 @pytest.mark.parametrize("command", ["serve", "run", "verify-image"])
 def test_every_command_refuses_http_with_tls_variables_before_it_connects(
-    command: str, forwarder: PlainForwarder, tls_variables: dict[str, str]
+    command: str, forwarder: Proxy, tls_variables: dict[str, str]
 ) -> None:
     environment = engine_command_env({"DOCKER_HOST": f"http://127.0.0.1:{forwarder.port}", **tls_variables})
     arguments = {"run": ["examples/hello"]}.get(command, [])
@@ -124,7 +84,7 @@ def test_every_command_refuses_http_with_tls_variables_before_it_connects(
 
 
 def test_doctor_fails_the_tls_row_and_does_not_contact_the_engine(
-    forwarder: PlainForwarder, tls_variables: dict[str, str]
+    forwarder: Proxy, tls_variables: dict[str, str]
 ) -> None:
     environment = engine_command_env(
         {"DOCKER_HOST": f"http://127.0.0.1:{forwarder.port}", **tls_variables}, audit_enabled="false"

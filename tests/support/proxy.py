@@ -1,5 +1,6 @@
 """A TCP forwarder on loopback that a test can cut and mend: the network between a server and a remote engine,
-failing for real (connections reset mid-stream, new ones closed at once) without touching the engine."""
+failing for real (connections reset mid-stream, new ones closed at once) without touching the engine; or, in front of
+a local engine's unix socket, a machine in the middle that speaks plain HTTP to it."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from types import TracebackType
 
 
 class Proxy:
-    """Forwards ``127.0.0.1:port`` to ``127.0.0.1:target``. TLS passes through untouched."""
+    """Forwards ``127.0.0.1:port`` to ``127.0.0.1:target`` (a port), or to the unix socket at ``target`` (a path).
+    TLS passes through untouched. :attr:`connections` counts the connections it was offered."""
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int | str) -> None:
         self.target = target
+        self.connections = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
@@ -53,13 +56,14 @@ class Proxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            self.connections += 1
             with self._lock:
                 refused = self._cut
             if refused:
                 _close(client)
                 continue
             try:
-                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+                upstream = self._connect()
             except OSError:
                 _close(client)
                 continue
@@ -68,6 +72,18 @@ class Proxy:
                 self._open |= {client, upstream}
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _connect(self) -> socket.socket:
+        if isinstance(self.target, int):
+            return socket.create_connection(("127.0.0.1", self.target), timeout=5)
+        upstream = socket.socket(socket.AF_UNIX)
+        upstream.settimeout(5)
+        try:
+            upstream.connect(self.target)
+        except OSError:
+            upstream.close()
+            raise
+        return upstream
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
