@@ -156,6 +156,14 @@ function procStat(pid, tid = null) {
 // counts as more than one.
 const livesOn = (state, threads) => (state !== 'Z' && state !== 'X') || !(threads <= 1);
 
+// The real uid of the process whose /proc/<pid>/status this is (NaN when unreadable), or null when it no longer
+// lives (livesOn).
+function liveUid(status) {
+  const state = /^State:\s+(\S)/m.exec(status)?.[1];
+  const threads = Number(/^Threads:\s+(\d+)/m.exec(status)?.[1]);
+  return livesOn(state, threads) ? Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]) : null;
+}
+
 // Live processes with our real uid, except ourselves. Dead zombies are gone for our purposes; init reaps them.
 function sameUidPids() {
   const uid = process.getuid();
@@ -168,9 +176,7 @@ function sameUidPids() {
     } catch {
       continue; // exited while we scanned
     }
-    const state = /^State:\s+(\S)/m.exec(status)?.[1];
-    const threads = Number(/^Threads:\s+(\d+)/m.exec(status)?.[1]);
-    if (Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]) === uid && livesOn(state, threads)) pids.push(Number(name));
+    if (liveUid(status) === uid) pids.push(Number(name));
   }
   return pids;
 }
@@ -525,10 +531,8 @@ function survey(spared) {
         else alive += 1;
         continue;
       }
-      const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]);
-      const state = /^State:\s+(\S)/m.exec(status)?.[1];
-      const threads = Number(/^Threads:\s+(\d+)/m.exec(status)?.[1]);
-      if (uid !== 0 && uid !== own && livesOn(state, threads)) alive += 1;
+      const uid = liveUid(status);
+      if (uid !== null && uid !== 0 && uid !== own) alive += 1; // an unreadable uid (NaN) counts as alive
     }
     if (alive > 0 || vanished === 0) return alive;
   }
