@@ -292,9 +292,6 @@ class ImageConfig:
     on_build: tuple[str, ...] = ()
     stop_signal: str = ""
     shell: tuple[str, ...] = ()
-    annotations: tuple[str, ...] = ()
-    """The image's OCI annotations as ``key=value`` (Podman copies them into its containers' runtime spec, where crun
-    and runc act on some); read on Podman only: Docker keeps none an image can set."""
 
     @property
     def env_names(self) -> tuple[str, ...]:
@@ -623,6 +620,8 @@ class DockerEngine:
         self._volumes: dict[str, tuple[str, ...]] = {}
         """Podman: the tmpfs volumes of each container this engine made, removed with it (even after it removed
         itself)."""
+        self._seccomp_files: dict[str, str] = {}
+        """Podman: the seccomp profile's file for each architecture, once checked or written (:meth:`_seccomp_file`)."""
 
     @classmethod
     def for_settings(cls, settings: Settings, **options: Any) -> DockerEngine:
@@ -820,10 +819,13 @@ class DockerEngine:
             user=str(config.get("User") or ""),
             architecture=normalise_arch(str(data.get("Architecture", ""))),
             size=int(data.get("Size") or 0),
-            config=replace(ImageConfig.of(config), annotations=self._podman_annotations(str(data["Id"]))),
+            config=ImageConfig.of(config),
         )
 
-    def _podman_annotations(self, image_id: str) -> tuple[str, ...]:
+    def image_annotations(self, image_id: str) -> tuple[str, ...]:
+        """The image's OCI annotations as ``key=value``: Podman copies them into its containers' runtime spec, where
+        crun and runc act on some. Asked of Podman only (Docker keeps none an image can set), and only by
+        verification: :meth:`image_facts` runs at every create and does not ask."""
         if not self._podman():
             return ()
         api = self.api()
@@ -1182,22 +1184,29 @@ class DockerEngine:
                 "a Podman engine on another host cannot be given the sandbox's seccomp profile",
                 hint="run code-sandbox on the Podman host (its socket), or use a Docker engine",
             )
+        known = self._seccomp_files.get(architecture)
+        if known is not None:  # checked or written once per engine object, not at every create
+            return known
         text = profile_text(architecture)
         path = default_state_dir() / "seccomp" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
-        with contextlib.suppress(OSError):
-            if path.read_text() == text:
-                return str(path)
         try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            temporary = path.with_name(f".{secrets.token_hex(8)}.tmp")
-            temporary.write_text(text)
-            os.replace(temporary, path)
+            current = path.read_text()
         except OSError:
-            raise SandboxError(
-                ErrorCode.CONTAINER_START_FAILED,
-                "the sandbox's seccomp profile could not be written for Podman",
-                hint="check that the state directory (~/.local/state/code-sandbox) is writable",
-            ) from None
+            current = None
+        if current != text:
+            temporary = path.with_name(f".{secrets.token_hex(8)}.tmp")
+            try:
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                temporary.write_text(text)
+                os.replace(temporary, path)
+            except OSError:
+                temporary.unlink(missing_ok=True)
+                raise SandboxError(
+                    ErrorCode.CONTAINER_START_FAILED,
+                    "the sandbox's seccomp profile could not be written for Podman",
+                    hint="check that the state directory (~/.local/state/code-sandbox) is writable",
+                ) from None
+        self._seccomp_files[architecture] = str(path)
         return str(path)
 
     def _create_volumes(self, volumes: Iterable[TmpfsVolume], labels: Mapping[str, str]) -> None:

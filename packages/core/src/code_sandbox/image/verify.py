@@ -160,7 +160,7 @@ def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | Non
     )  # fmt: skip
     user_ok = image.user not in ("", "0", "root") and not image.user.startswith(("0:", "root:"))
     report.add("non-root user", user_ok, image.user or "none set")
-    differs = _config_differences(image)
+    differs = _config_differences(image, engine.image_annotations(image.id))
     report.add("config", not differs, "as built" if not differs else "not as built: " + ", ".join(differs))
     daemon = engine.daemon_facts()
     report.add("architecture", image.architecture == daemon.architecture, image.architecture)
@@ -169,8 +169,8 @@ def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | Non
     return report
 
 
-def _config_differences(image: ImageFacts) -> list[str]:
-    """The parts of the image's configuration (and its user) that are not what the build wrote."""
+def _config_differences(image: ImageFacts, annotations: tuple[str, ...]) -> list[str]:
+    """The parts of the image's configuration (its user and its annotations too) that are not what the build wrote."""
     names = {
         "env": "Env", "entrypoint": "Entrypoint", "cmd": "Cmd", "working_dir": "WorkingDir",
         "healthcheck": "Healthcheck", "volumes": "Volumes", "exposed_ports": "ExposedPorts", "on_build": "OnBuild",
@@ -178,7 +178,7 @@ def _config_differences(image: ImageFacts) -> list[str]:
     }  # fmt: skip
     differs = [name for field_name, name in names.items()
                if getattr(image.config, field_name) != getattr(IMAGE_CONFIG, field_name)]  # fmt: skip
-    if any(not entry.startswith(_DESCRIPTIVE_ANNOTATIONS) for entry in image.config.annotations):
+    if any(not entry.startswith(_DESCRIPTIVE_ANNOTATIONS) for entry in annotations):
         differs.append("Annotations")
     return [*differs, "User"] if image.user != SUPERVISOR_USER else differs
 
