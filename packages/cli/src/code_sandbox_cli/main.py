@@ -305,8 +305,8 @@ def build_image(
 
 @app.command("verify-image")
 def verify_image_command() -> None:
-    """Check the sandbox image: immutable ID, exact labels, non-root, no shell or package manager, helpers, a hardened
-    run."""
+    """Check the sandbox image: immutable ID, exact labels and configuration, non-root, no shell or package manager,
+    every file as the build recorded it, helpers, a hardened run."""
     from code_sandbox.engine import DockerEngine
     from code_sandbox.image import verify_image
 
