@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from code_sandbox.engine import PODMAN, DockerEngine, RuntimeFacts, build_create_arguments
+from code_sandbox.docker_engine import DockerEngine, build_create_arguments
+from code_sandbox.engine import RuntimeFacts
 from code_sandbox.execution import run_entrypoint, verify_cleanup
 from code_sandbox.hardening import ENVIRONMENT, LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, user_of
 from code_sandbox.plugins import create_plugin_manager, select_profile
@@ -68,13 +69,13 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 def raw_floor(engine: DockerEngine, iterations: int, image_id: str, watchdog: list[str], runtime: RuntimeFacts
               ) -> dict[str, list[float]]:  # fmt: skip
-    api = engine.api()  # the SDK's client, reaching the engine as every figure does (DOCKER_HOST, TLS, context)
+    api = engine.client()  # the SDK's client, reaching the engine as every figure does (DOCKER_HOST, TLS, context)
     samples: dict[str, list[float]] = {
         "create+start": [], "exec node -e 0": [], "remove": [], "stream 1 MiB": [], "create+exec+remove": []
     }  # fmt: skip
     labels = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(time.time()) + 600)}
     request = ContainerRequest(image_id=image_id, command=watchdog, labels=labels, apparmor=False)
-    if engine.daemon_facts().product == PODMAN:
+    if engine.daemon_facts().podman:
         # Podman cannot take the tmpfs options as Docker does: the floor's container is made (with its two tmpfs
         # volumes) and removed the one way Podman allows, the adapter's.
         def create() -> str:
@@ -365,7 +366,7 @@ def main() -> None:
     options.json.parent.mkdir(parents=True, exist_ok=True)
     options.json.write_text(json.dumps({
         "machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "docker": engine.api().version().get("Version")},
+                    "docker": engine.client().version().get("Version")},
         "iterations": iterations, "runtime": runtime.name,
         "floor": floor, "core_pool_off": core_cold, "core_pool_on": core_warm,
         "mcp_pool_off": mcp_cold, "mcp_pool_on": mcp_warm, "server": server, "cold": cold,

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.image import build_offline_image, verify_image

@@ -15,18 +15,17 @@ import threading
 import time
 import zlib
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 import pytest
-from code_sandbox.engine import DockerEngine, ExecResult, HeldExec
+from code_sandbox.docker_engine.streams import HeldExec
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import SURVEY_RETRY_PAUSES, RunResult, run_program
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import Refusal, RunAnswer, RunRequest, SurveyAnswer
 from code_sandbox.relay import LAST_LINE_CHARS, LastLine
-from code_sandbox.transport import CLOSED_KEPT, ChannelTransport, HelperCrash, StderrSink, Target
+from code_sandbox.transport import CLOSED_KEPT, ChannelTransport, HelperCrash, StderrSink, Target, read_answer
 from code_sandbox.workspace import (
     PICTURE_MAX_BYTES,
     ReadResult,
@@ -37,6 +36,7 @@ from code_sandbox.workspace import (
     write_files,
 )
 
+from tests.support.memory_engine import MemoryEngine
 from tests.support.memory_transport import MemorySandboxes, run_answer
 
 pytestmark = pytest.mark.anyio
@@ -311,11 +311,9 @@ async def test_a_cancelled_run_is_killed_and_verified_and_the_sandbox_kept(sandb
 # -- the held stream ------------------------------------------------------------------------------------------------
 
 
-class _AnswerReader(ChannelTransport):
+def _answer(held: HeldExec, on_stderr: StderrSink) -> bytes:
     """The channel transport's reading of one answer, on a stream the test writes (a real socket pair)."""
-
-    def answer(self, held: HeldExec, on_stderr: StderrSink) -> bytes:
-        return self._read_answer("run", held, time.monotonic() + 5, 1 << 20, 1 << 20, on_stderr)
+    return read_answer(held, time.monotonic() + 5, 1 << 20, 1 << 20, on_stderr)
 
 
 def _frame(stream: int, payload: bytes) -> bytes:
@@ -332,7 +330,7 @@ def test_an_answer_waits_for_stderr_that_dockerd_delivers_after_it(profile: Prof
             + _frame(2, b"the next call's\n")
         )  # fmt: skip
         seen: list[bytes] = []
-        line = _AnswerReader(DockerEngine(), profile).answer(HeldExec(host, host), seen.append)
+        line = _answer(HeldExec(host, host), seen.append)
         assert (line, seen) == (b'{"ok":true}', [b"late piece\n"])
         assert host.recv(1 << 16) == _frame(2, b"the next call's\n")  # left for the next call
 
@@ -343,20 +341,18 @@ def test_stdout_after_the_answer_or_stderr_after_the_end_marker_is_out_of_protoc
         with host, helper:
             helper.sendall(_frame(1, b'{"ok":true}\n') + tail + _frame(2, b'{"end":true}\n'))
             with pytest.raises(SandboxError) as caught:
-                _AnswerReader(DockerEngine(), profile).answer(HeldExec(host, host), lambda _line: None)
+                _answer(HeldExec(host, host), lambda _line: None)
             assert caught.value.code == ErrorCode.TRANSFER_FAILED
 
 
-class _HelloEngine(DockerEngine):
+class _HelloEngine(MemoryEngine):
     """An engine whose held execs of a channel are socket pairs whose far end has said a channel's hello; the
-    supervisor's never opens and a one-off exec finds no container (neither is the subject)."""
+    supervisor's never opens and a one-off exec finds no container (the memory engine has none; neither is the
+    subject)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ends: list[socket.socket] = []
-
-    def exec(self, container_id: str, argv: list[str], **_options: Any) -> ExecResult:
-        raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "no such container in this test")
 
     def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
         if "--supervise" in argv:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from code_sandbox.profile import Profile
 
+from tests.support.images import untag_image
 from tests.support.run import command_env
 from tests.support.second_engine import SecondEngine
 
@@ -95,7 +96,7 @@ def test_doctor_reports_a_stopped_daemon_with_its_fix(tmp_path: Path) -> None:
 
 def test_doctor_reports_a_missing_image_with_its_fix(second_engine: SecondEngine, profile: Profile) -> None:
     # The worker's own engine, without the allowlisted tag (an earlier test of the worker may have loaded it).
-    second_engine.engine.untag_image(profile.image_spec().tag)
+    untag_image(second_engine.engine, profile.image_spec().tag)
     assert second_engine.engine.image_facts(profile.image_spec().tag) is None
     result = cli("doctor", env={"DOCKER_HOST": second_engine.base_url})
     assert result.returncode == 1

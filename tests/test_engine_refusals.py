@@ -19,7 +19,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.errors import ENGINE_TEXT_LIMIT, ErrorCode, SandboxError, engine_words
 from code_sandbox.hardening import LABEL_EXPIRES_AT
 from code_sandbox.profile import Profile
@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import WORKER_TAG
 from tests.support.engines import podman_engine
+from tests.support.images import tag_image
 from tests.support.run import command_env, engine_command_env, worker_tag
 from tests.support.second_engine import load_image
 from tests.test_server import CLI, connect, error_code
@@ -72,7 +73,7 @@ def refusing(engine: DockerEngine, image_id: str, profile: Profile, tmp_path_fac
     runtime.chmod(stat.S_IRWXU)
     for podman in podman_engine(TAG, runtime=("refuser", str(runtime))):
         load_image(engine, podman, image_id)
-        podman.tag_image(image_id, profile.image_spec().tag)
+        tag_image(podman, image_id, profile.image_spec().tag)
         yield podman
 
 

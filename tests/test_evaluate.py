@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from mcp import Client
 
 from tests.test_server import connect, ok

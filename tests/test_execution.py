@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import pytest
 from code_sandbox import execution
+from code_sandbox.engine import ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import HOST_GRACE_SECONDS, RunResult, run_entrypoint
 from code_sandbox.sessions import Session, SessionManager
@@ -151,7 +152,9 @@ async def test_a_channel_that_died_between_calls_destroys_the_sandbox_at_the_nex
     await write_files(manager, session.id, [("a.txt", "a")], overwrite=False)  # the channel is open now
     # Killed from outside any run (a second exec as the sandbox uid), as the kernel's OOM killer might.
     argv = ["/usr/local/bin/node", "-e", KILL_THE_CHANNEL]
-    killer = manager.engine.exec(session.container_id, argv, user=session.user, timeout=30, max_stdout=1024)
+    killer = manager.engine.exec(
+        session.container_id, ExecRequest(argv, user=session.user, timeout=30, max_stdout=1024)
+    )
     assert killer.exit_code == 0
     with pytest.raises(SandboxError) as caught:
         await list_files(manager, session.id, ".", recursive=True, max_depth=1)

@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.profile import Profile
@@ -18,6 +18,7 @@ from code_sandbox.transport import DockerTransport, Target
 from code_sandbox.workspace import read_file
 
 from tests.conftest import TEST_LABEL, WORKER_TAG
+from tests.support.images import untag_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 MiB = 1024 * 1024
@@ -93,5 +94,5 @@ def test_a_fifo_in_the_workspace_is_refused_by_the_file_helper(
         answer = DockerTransport(engine, profile).files(target, InventoryRequest(), InventoryAnswer, timeout=30)
     finally:
         engine.remove_container(container_id)
-        engine.untag_image(tag)
+        untag_image(engine, tag)
     assert isinstance(answer, Refusal) and answer.code == "WORKSPACE_INTEGRITY"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.image import verify_image
 from code_sandbox.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL
 from code_sandbox.profile import Profile

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from code_sandbox.profile import Profile
 
+from tests.support.images import untag_image
 from tests.support.run import command_env
 from tests.support.second_engine import SecondEngine
 
@@ -83,7 +84,7 @@ def test_the_installed_wheels_work_from_any_directory(
     # into the worker's own engine, so the shared image is never touched, and reaches it as a remote engine is
     # reached: DOCKER_HOST over TLS, with the engine's certificate checked.
     second = second_engine.tls_environment
-    second_engine.engine.untag_image(profile.image_spec().tag)
+    untag_image(second_engine.engine, profile.image_spec().tag)
     built = run("build-image", "--offline", **second)
     assert built.returncode == 0, built.stderr
     assert run("verify-image", **second).returncode == 0
@@ -101,7 +102,7 @@ def test_the_installed_wheels_work_from_any_directory(
     (elsewhere / "hello.py").write_text("import platform\nprint('hello from', platform.python_implementation())\n")
     ran = run("run", "hello.py", **python)
     assert (ran.returncode, ran.stdout) == (0, "hello from CPython\n"), ran.stderr
-    second_engine.engine.untag_image("code-sandbox-python:1.0.0")
+    untag_image(second_engine.engine, "code-sandbox-python:1.0.0")
 
 
 def _install_wheel(project: Path, root: Path) -> None:

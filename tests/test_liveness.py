@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from code_sandbox.engine import ContainerFacts, DockerEngine
+from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.engine import ContainerFacts, Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
@@ -35,6 +36,8 @@ from code_sandbox_cli.main import app
 from typer.testing import CliRunner
 
 from tests.conftest import TEST_LABEL, WORKER_TAG
+from tests.support.forwarding_engine import ForwardingEngine
+from tests.support.memory_engine import MemoryEngine
 
 _HOLD_A_MARKER = """
 import sys
@@ -233,19 +236,17 @@ def test_a_stopped_or_expired_container_keeps_its_reason_whatever_its_owner() ->
     assert (stopped.remove, stopped.reason, expired.remove, expired.reason) == (True, "stopped", True, "expired")
 
 
-class _ListedEngine(DockerEngine):
+class _ListedEngine(MemoryEngine):
     """Lists the given containers and fails their removal, without a Docker engine."""
 
     def __init__(self, containers: list[ContainerFacts]) -> None:
         super().__init__()
-        self.containers = containers
+        self.listed = containers
+        self.fail("remove_container", SandboxError(ErrorCode.CONTAINER_REMOVAL_FAILED, "injected"), times=1000)
 
     def list_containers(self, label: str, *more_labels: str) -> list[ContainerFacts]:
         del label, more_labels
-        return self.containers
-
-    def remove_container(self, container_id: str) -> bool:
-        raise SandboxError(ErrorCode.CONTAINER_REMOVAL_FAILED, f"cannot remove {container_id}")
+        return self.listed
 
 
 def test_every_container_of_a_stopped_server_is_an_orphan_and_a_failed_removal_keeps_the_evidence(
@@ -263,11 +264,11 @@ def test_every_container_of_a_stopped_server_is_an_orphan_and_a_failed_removal_k
 # -- against a real Docker engine ----------------------------------------------------------------------------------
 
 
-class _ScopedEngine(DockerEngine):
+class _ScopedEngine(ForwardingEngine):
     """Lists only the containers this test made, so its sweep can never touch anyone else's."""
 
-    def __init__(self, container_ids: set[str]) -> None:
-        super().__init__()
+    def __init__(self, engine: Engine, container_ids: set[str]) -> None:
+        super().__init__(engine)
         self.container_ids = container_ids
 
     def list_containers(self, label: str, *more_labels: str) -> list[ContainerFacts]:
@@ -311,7 +312,7 @@ def test_sweep_removes_a_stopped_servers_running_container_and_keeps_a_live_serv
     try:
         orphan = _owned_container(engine, image_id, dead_owner, "orphan", created)
         peer = _owned_container(engine, image_id, live.owner, "peer", created)
-        scoped = _ScopedEngine(created)
+        scoped = _ScopedEngine(engine, created)
         try:
             verdicts, failures = sweep_managed(scoped, max_lifetime=3600, state_dir=tmp_path)
         finally:
@@ -340,7 +341,7 @@ def test_a_tagged_sweep_judges_only_its_tag_and_keeps_the_evidence_for_a_stopped
     try:
         ours = _owned_container(engine, image_id, dead_owner, "ours", created)
         theirs = _owned_container(other_tag, image_id, dead_owner, "theirs", created)
-        scoped = _ScopedEngine(created)
+        scoped = _ScopedEngine(engine, created)
         try:
             verdicts, failures = sweep_managed(scoped, max_lifetime=3600, state_dir=tmp_path, tag=WORKER_TAG)
             assert ([v.container.id for v in verdicts], failures) == ([ours], 0)

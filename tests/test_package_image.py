@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL
 from code_sandbox.profile import PackageSet, Profile
@@ -23,6 +23,7 @@ from code_sandbox.server import SandboxServer
 from code_sandbox.settings import load_settings
 from mcp import Client
 
+from tests.support.images import untag_image
 from tests.support.own_tag import OwnTagProfile, Variant, variant_of
 from tests.support.run import command_env, worker_tag
 from tests.support.second_engine import SecondEngine
@@ -47,7 +48,7 @@ def package_profile(engine: DockerEngine, profile: Profile, vendored: PackageSet
     own = OwnTagProfile(profile, f"code-sandbox-test-packages:{worker_tag()}")
     build_offline_image(engine, own, runtime=None, progress=lambda _text: None, packages=vendored)
     yield own
-    engine.untag_image(own.image_spec().tag)
+    untag_image(engine, own.image_spec().tag)
 
 
 def test_the_package_image_verifies_and_grows_by_the_set_only(
@@ -182,7 +183,7 @@ def test_build_image_with_packages_then_serve_over_stdio(
         assert "ms@2.1.3" in run_tool["description"]
         assert answers[1]["structuredContent"].get("stdout") == "7200000\n", answers[1]
     finally:
-        second_engine.engine.untag_image(tag)  # the next test of this worker finds the engine without it
+        untag_image(second_engine.engine, tag)  # the next test of this worker finds the engine without it
 
 
 def _serve(env: dict[str, str], requests: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from code_sandbox.engine import DockerEngine, FileEntry, ImageFacts
+from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.engine import FileEntry, ImageFacts
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.image import Check, VerifyReport, build_offline_image
 from code_sandbox.image.verify import _TreeCheck  # pyright: ignore[reportPrivateUsage]

@@ -176,15 +176,24 @@ def test_core_never_imports_the_javascript_package() -> None:
             assert not any(name.startswith("code_sandbox_javascript") for name in names), source.name
 
 
-def test_only_the_engine_module_imports_docker() -> None:
+def test_only_the_docker_adapter_imports_docker_and_only_its_sdk_module_reaches_private_sdk_names() -> None:
     importers: set[str] = set()
+    private: set[str] = set()
     for source in CORE_SOURCE.rglob("*.py"):
-        for node in ast.walk(ast.parse(source.read_text())):
+        tree = ast.parse(source.read_text())
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import | ast.ImportFrom):
                 names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 if any(name == "docker" or name.startswith("docker.") for name in names):
-                    importers.add(source.name)
-    assert importers == {"engine.py"}
+                    importers.add(source.parent.name)
+            # The SDK's private names this adapter needs: the client's request helpers and version, the attach
+            # stream's socket and response.
+            if isinstance(node, ast.Attribute) and node.attr in {"_get", "_url", "_result", "_version", "_post"}:
+                private.add(source.name)
+            if isinstance(node, ast.Constant) and node.value in {"_sock", "_response"}:
+                private.add(source.name)
+    assert importers == {"docker_engine"}
+    assert private == {"sdk.py"}
 
 
 def test_the_server_names_its_run_and_one_shot_tools_as_the_profile_says() -> None:

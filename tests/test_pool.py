@@ -10,7 +10,7 @@ from functools import partial
 import anyio
 import anyio.to_thread
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,

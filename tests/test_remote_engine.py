@@ -16,7 +16,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from code_sandbox.engine import DaemonFacts, DockerEngine, EngineAddress
+from code_sandbox.docker_engine import DockerEngine, EngineAddress
+from code_sandbox.engine import DaemonFacts
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import (
@@ -40,6 +41,7 @@ from docker.tls import TLSConfig
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from tests.support.forwarding_engine import ForwardingEngine
 from tests.support.output import errors_of_a_run_broken_by
 from tests.support.proxy import Proxy
 from tests.support.run import engine_command_env, worker_containers, worker_tag
@@ -270,7 +272,7 @@ def test_doctor_fails_tls_that_does_not_check_the_engine_and_an_engine_reached_w
     assert rows["docker"].startswith("FAIL not contacted"), rows
 
 
-class _OtherArchitecture(DockerEngine):
+class _OtherArchitecture(ForwardingEngine):
     """The shared engine, saying it runs the other architecture: a fault no engine here can show on demand."""
 
     def daemon_facts(self) -> DaemonFacts:
@@ -282,7 +284,7 @@ class _OtherArchitecture(DockerEngine):
 def test_build_image_refuses_an_engine_of_another_architecture_before_building_anything(
     engine: DockerEngine, profile: Profile
 ) -> None:
-    other = _OtherArchitecture(labels=engine.labels)
+    other = _OtherArchitecture(engine)
     before = engine.image_facts(profile.image_spec().tag)
     steps: list[str] = []
     try:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.hardening import LABEL_MANAGED, LABEL_TAG, ContainerRequest
 from code_sandbox.profile import Profile
 

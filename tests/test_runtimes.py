@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.doctor import run_doctor
-from code_sandbox.engine import DaemonFacts, DockerEngine
+from code_sandbox.engine import DaemonFacts
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
@@ -28,6 +29,7 @@ from code_sandbox.settings import SettingsError, load_settings
 from code_sandbox.sweep import sweep_managed
 
 from tests.conftest import WORKER_TAG
+from tests.support.forwarding_engine import ForwardingEngine
 from tests.support.inspect import inspect_container
 from tests.support.run import command_env
 from tests.support.runtimes import runtime_engine
@@ -113,16 +115,12 @@ def test_doctor_names_the_engines_runtimes_when_the_one_asked_for_is_missing(pro
 def test_doctor_explains_how_to_register_runsc_when_it_is_installed_but_not(engine: DockerEngine) -> None:
     from code_sandbox.doctor import Finding, _check_runtime  # pyright: ignore[reportPrivateUsage]
 
-    class Unregistered(DockerEngine):
+    class Unregistered(ForwardingEngine):
         def daemon_facts(self) -> DaemonFacts:
             return replace(super().daemon_facts(), runtimes={"runc": "runc"})
 
     findings: list[Finding] = []
-    unregistered = Unregistered()
-    try:
-        assert _check_runtime(findings, unregistered, runsc="/usr/bin/runsc")
-    finally:
-        unregistered.close()
+    assert _check_runtime(findings, Unregistered(engine), local=True, runsc="/usr/bin/runsc")
     assert findings[0].passed and findings[0].fix is not None
     assert '"runtimeArgs": ["--network=none"]' in findings[0].fix and "daemon.json" in findings[0].fix
 

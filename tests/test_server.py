@@ -25,7 +25,8 @@ from typing import Any, cast
 import anyio
 import anyio.to_thread
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.engine import Engine
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
@@ -49,6 +50,7 @@ from tests.conftest import WORKER_TAG
 from tests.support import inspector
 from tests.support.clock import FakeClock
 from tests.support.edited_transport import EditedTransport, install
+from tests.support.forwarding_engine import ForwardingEngine
 from tests.support.run import command_env, worker_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("image_id", "cleanup_managed")]
@@ -71,9 +73,7 @@ def server_env(tmp_path: Path, **settings: str) -> dict[str, str]:
     return env
 
 
-def connect(
-    engine: DockerEngine, tmp_path: Path, *, clock: Callable[[], float] | None = None, **settings: str
-) -> Client:
+def connect(engine: Engine, tmp_path: Path, *, clock: Callable[[], float] | None = None, **settings: str) -> Client:
     """The SDK's client, connected to an in-process server on the test's engine (so its containers carry this
     worker's tag), with its liveness marker and audit log under ``tmp_path``.
 
@@ -87,7 +87,7 @@ def connect(
     return Client(server, mode="legacy")
 
 
-def make_server(engine: DockerEngine, tmp_path: Path, **settings: str) -> SandboxServer:
+def make_server(engine: Engine, tmp_path: Path, **settings: str) -> SandboxServer:
     """An in-process server on the test's engine, with its liveness marker and audit log under ``tmp_path``."""
     environ = {f"CODE_SANDBOX_{name.upper()}": value for name, value in settings_of(tmp_path, **settings).items()}
     loaded = load_settings(environ)
@@ -295,13 +295,12 @@ async def test_typescript_runs_with_its_types_stripped_in_one_shots_and_sessions
         ok(await client.call_tool("destroy_sandbox", {"session_id": sid}))
 
 
-class HeldRemoval(DockerEngine):
+class HeldRemoval(ForwardingEngine):
     """The test's engine, whose container removals wait until the test lets them go (Docker cannot be made slow
     on demand)."""
 
     def __init__(self, engine: DockerEngine) -> None:
-        super().__init__(timeout=engine.timeout, labels=engine.labels, address=engine.address)
-        self.verified_images = engine.verified_images
+        super().__init__(engine)
         self.released = threading.Event()
         self.waiting = threading.Event()
 
@@ -613,7 +612,7 @@ async def test_progress_carries_the_last_output_line_at_most_once_a_second(
 class StreamFlags(ChannelTransport):
     """The channel transport, recording whether each one-shot asked the runner to stream its output."""
 
-    def __init__(self, engine: DockerEngine, profile: Profile) -> None:
+    def __init__(self, engine: Engine, profile: Profile) -> None:
         super().__init__(engine, profile)
         self.streams: list[bool] = []
 

@@ -16,7 +16,8 @@ import anyio
 import anyio.to_thread
 import pytest
 from code_sandbox import provisioner
-from code_sandbox.engine import ContainerFacts, DaemonFacts, DockerEngine
+from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.engine import ContainerFacts, DaemonFacts, ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
@@ -39,6 +40,8 @@ from typer.testing import CliRunner
 
 from tests.conftest import TEST_LABEL, WORKER_TAG
 from tests.support.clock import FakeClock
+from tests.support.forwarding_engine import ForwardingEngine
+from tests.support.images import start_container
 from tests.support.inspect import inspect_container
 from tests.support.run import command_env, worker_containers
 
@@ -69,7 +72,7 @@ async def manager(
 
 def _node(engine: DockerEngine, session: Session, script: str, timeout: float = 30) -> bytes:
     argv = ["/usr/local/bin/node", "-e", script]
-    result = engine.exec(session.container_id, argv, user=session.user, timeout=timeout, max_stdout=MiB)
+    result = engine.exec(session.container_id, ExecRequest(argv, user=session.user, timeout=timeout, max_stdout=MiB))
     assert result.exit_code == 0, result.stderr
     return result.stdout
 
@@ -277,13 +280,11 @@ async def test_the_reaper_removes_expired_sessions(
     assert engine.container_facts(session.container_id) is None
 
 
-class FlakyRemoval(DockerEngine):
-    """The real engine (same daemon, same labels); removal fails on demand (Docker cannot be made to fail one
-    removal)."""
+class FlakyRemoval(ForwardingEngine):
+    """The real engine; removal fails on demand (Docker cannot be made to fail one removal)."""
 
     def __init__(self, engine: DockerEngine, failures: int) -> None:
-        super().__init__(timeout=engine.timeout, labels=engine.labels, address=engine.address)
-        self.verified_images = engine.verified_images
+        super().__init__(engine)
         self.failures = failures
         self.attempts = 0
 
@@ -318,13 +319,12 @@ async def test_a_failed_removal_is_kept_and_retried_by_destroy_and_by_the_reaper
     assert engine.container_facts(session.container_id) is None
 
 
-class HeldCreate(DockerEngine):
-    """The real engine (same daemon, same labels); container creation waits until the test lets it go, then fails
-    if told to (Docker cannot be made to hold one create open)."""
+class HeldCreate(ForwardingEngine):
+    """The real engine; container creation waits until the test lets it go, then fails if told to (Docker cannot be
+    made to hold one create open)."""
 
     def __init__(self, engine: DockerEngine, *, failure: SandboxError | None = None) -> None:
-        super().__init__(timeout=engine.timeout, labels=engine.labels, address=engine.address)
-        self.verified_images = engine.verified_images
+        super().__init__(engine)
         self.failure = failure
         self.entered = threading.Event()
         self.go = threading.Event()
@@ -474,7 +474,7 @@ def test_sweep_removes_a_stopped_managed_container(engine: DockerEngine, image_i
         apparmor=engine.daemon_facts().apparmor,
     )
     container = engine.create_container(request, start=False)
-    engine.start_container(container)
+    start_container(engine, container)
     deadline = time.monotonic() + 20
     while (facts := engine.container_facts(container)) is not None and facts.state == "running":
         assert time.monotonic() < deadline
@@ -549,7 +549,7 @@ def test_reap_dry_run_changes_nothing_and_reap_removes_only_the_expired_of_its_t
 
 _ORPHAN_SCRIPT = """
 import anyio, sys
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import load_settings
@@ -630,7 +630,7 @@ async def test_a_sandbox_not_from_the_pool_has_its_channel_opened_before_its_fir
     session = await manager.create()
 
     def commands() -> list[str]:
-        top = engine.api().top(session.container_id)
+        top = engine.client().top(session.container_id)
         return [row[top["Titles"].index("CMD")] for row in top["Processes"]]
 
     with anyio.fail_after(15):

@@ -7,7 +7,7 @@ import hashlib
 
 import anyio.to_thread
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import MiB
 from code_sandbox.paths import validate_path
@@ -105,10 +105,16 @@ async def test_binary_content_is_refused_as_binary_file(manager: SessionManager,
     await anyio.to_thread.run_sync(
         lambda: manager.engine.exec(
             session.container_id,
-            ["/usr/local/bin/node", "-e", "require('fs').writeFileSync('/workspace/bin.dat', Buffer.from([0xff, 0]))"],
-            user=session.user,
-            timeout=30,
-            max_stdout=1024,
+            ExecRequest(
+                [
+                    "/usr/local/bin/node",
+                    "-e",
+                    "require('fs').writeFileSync('/workspace/bin.dat', Buffer.from([0xff, 0]))",
+                ],
+                user=session.user,
+                timeout=30,
+                max_stdout=1024,
+            ),
         )
     )
     with pytest.raises(SandboxError) as caught:
@@ -180,10 +186,12 @@ async def test_a_symlink_made_by_user_code_destroys_the_session_at_the_next_file
     await anyio.to_thread.run_sync(
         lambda: manager.engine.exec(
             session.container_id,
-            ["/usr/local/bin/node", "-e", "require('fs').symlinkSync('/etc', '/workspace/etc')"],
-            user=session.user,
-            timeout=30,
-            max_stdout=1024,
+            ExecRequest(
+                ["/usr/local/bin/node", "-e", "require('fs').symlinkSync('/etc', '/workspace/etc')"],
+                user=session.user,
+                timeout=30,
+                max_stdout=1024,
+            ),
         )
     )
     with pytest.raises(SandboxError) as caught:
@@ -208,7 +216,7 @@ name = st.text(
 candidate = st.lists(name, min_size=1, max_size=4).map("/".join)
 
 
-def _helper_verdict(engine: DockerEngine, profile: Profile, session: Session, path: str) -> str:
+def _helper_verdict(engine: Engine, profile: Profile, session: Session, path: str) -> str:
     # Unvalidated on purpose: the helper must refuse what the host's model (and validator) would never send.
     request = DigestRequest.model_construct(path=path)
     target = Target(session.container_id, session.user)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import code_sandbox_python.profile
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.image import verify_image
 from code_sandbox.plugins import create_plugin_manager, installed_profiles
@@ -19,6 +19,7 @@ from code_sandbox.settings import Settings
 from tests.conformance.programs import PROGRAMS, Programs
 from tests.conftest import ready_image
 from tests.support.engines import TEST_ENGINES, podman_engine
+from tests.support.images import tag_image
 from tests.support.run import remove_tagged, worker_tag
 from tests.support.runtimes import TEST_RUNTIMES, runtime_engine
 from tests.support.second_engine import SecondEngine, load_image
@@ -64,7 +65,7 @@ def _provide_images(shared: DockerEngine, engine: DockerEngine, provide: Callabl
         else:
             if engine.image_facts(image_id) is None:
                 load_image(shared, engine, image_id)
-            engine.tag_image(image_id, profile.image_spec().tag)
+            tag_image(engine, image_id, profile.image_spec().tag)
         report = verify_image(engine, profile)
         assert report.passed, [check for check in report.checks if not check.passed]
         engine.verified_images.add((profile.name, image_id))

@@ -23,7 +23,8 @@ import anyio
 import anyio.to_thread
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.hardening import LABEL_TAG, PROBE_UID, user_of
 from code_sandbox.profile import Profile
@@ -81,15 +82,15 @@ console.log(JSON.stringify(states));
 """
 
 
-def gvisor_processes(engine: DockerEngine, container_id: str) -> dict[str, int]:
+def gvisor_processes(engine: Engine, container_id: str) -> dict[str, int]:
     """The processes of a gVisor sandbox, as its own kernel lists them, by command name and state."""
     argv = ["/usr/local/bin/node", "-e", _GVISOR_SURVEY]
-    result = engine.exec(container_id, argv, user=user_of(PROBE_UID), timeout=30, max_stdout=65536)
+    result = engine.exec(container_id, ExecRequest(argv, user=user_of(PROBE_UID), timeout=30, max_stdout=65536))
     assert result.exit_code == 0, result.stderr
     return cast(dict[str, int], json.loads(result.stdout))
 
 
-def _processes(engine: DockerEngine, session: Session) -> dict[str, int]:
+def _processes(engine: Engine, session: Session) -> dict[str, int]:
     if engine.runtime_in_force().user_space_kernel:
         return gvisor_processes(engine, session.container_id)
     return sandbox_processes(session.container_id, session.uid)
@@ -101,7 +102,7 @@ def _between_runs(states: dict[str, int]) -> bool:
     return sum(states.values()) <= 4 and all(key.endswith((":S", ":I")) for key in states)
 
 
-async def assert_nothing_outlives_the_run(engine: DockerEngine, session: Session) -> None:
+async def assert_nothing_outlives_the_run(engine: Engine, session: Session) -> None:
     """The sandbox is back to what it holds between runs, inside its container and anywhere else on the host."""
     # Killed processes of a sandbox under memory pressure can take a while to finish exiting on a loaded
     # two-core machine, hence the generous bound. The verdict is the last sample the loop saw, not a fresh one:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from code_sandbox.engine import DockerEngine, EngineAddress
+from code_sandbox.docker_engine import DockerEngine, EngineAddress
 from code_sandbox.settings import SettingsError
 
 from tests.support.proxy import Proxy

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.hardening import LABEL_TAG

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from code_sandbox.engine import ExecResult
+from code_sandbox.engine import ExecRequest, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import SUPERVISOR_USER
@@ -159,15 +159,15 @@ async def test_a_process_that_survives_the_run_destroys_the_session(manager: Ses
     def start_survivor() -> None:
         with contextlib.suppress(SandboxError):  # the container is removed under it
             argv = ["/usr/local/bin/node", "-e", "setTimeout(() => {}, 30000)"]
-            real.exec(session.container_id, argv, user=session.user, timeout=40, max_stdout=1024,
-                      on_stderr=lambda _chunk: None, exit_code=False)  # fmt: skip
+            real.exec(session.container_id, ExecRequest(argv, user=session.user, timeout=40, max_stdout=1024,
+                      on_stderr=lambda _chunk: None, exit_code=False))  # fmt: skip
 
     def edit(line: bytes, _on_stderr: StderrSink | None) -> bytes:
         threading.Thread(target=start_survivor, daemon=True).start()
         deadline = time.monotonic() + 10
         while not survivor_started.is_set() and time.monotonic() < deadline:
-            probe = real.exec(session.container_id, ["/usr/local/bin/node", "-e", _COUNT], user=SUPERVISOR_USER,
-                              timeout=10, max_stdout=1024)  # fmt: skip
+            probe = real.exec(session.container_id, ExecRequest(["/usr/local/bin/node", "-e", _COUNT], user=SUPERVISOR_USER,
+                              timeout=10, max_stdout=1024))  # fmt: skip
             if probe.stdout.strip() != b"0":
                 survivor_started.set()
         return line

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import docker.errors
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.engine import ExecRequest
 from code_sandbox.hardening import PROBE_UID, ContainerRequest, user_of
 from code_sandbox.image import FILES_LABEL, verify_image
 from code_sandbox.profile import Profile
@@ -91,14 +92,15 @@ def test_a_container_of_a_hostile_image_starts_as_ours_and_leaves_no_volume(
         assert len(volumes) == 1  # the image's VOLUME made one: it must go with the container
         probe = "console.log(JSON.stringify([process.env.NODE_OPTIONS, process.env.LD_PRELOAD]))"
         result = engine.exec(
-            container_id, ["/usr/local/bin/node", "-e", probe], user=user_of(PROBE_UID), timeout=30, max_stdout=4096
+            container_id,
+            ExecRequest(["/usr/local/bin/node", "-e", probe], user=user_of(PROBE_UID), timeout=30, max_stdout=4096),
         )
         assert result.exit_code == 0 and json.loads(result.stdout) == ["", ""]
         assert b"EVIL" not in result.stdout
     finally:
         engine.remove_container(container_id)
     with pytest.raises(docker.errors.NotFound):
-        engine.api().inspect_volume(volumes[0])
+        engine.client().inspect_volume(volumes[0])
 
 
 def test_a_forged_manifest_does_not_hide_what_the_host_knows_itself(

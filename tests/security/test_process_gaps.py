@@ -13,13 +13,15 @@ from contextlib import contextmanager, suppress
 
 import anyio
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.evaluation import evaluate_code
 from code_sandbox.execution import run_entrypoint, verify_cleanup
 from code_sandbox.hardening import PROBE_UID, user_of
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.workspace import list_files, write_files
+
+from tests.support.inspect import docker_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
@@ -56,15 +58,15 @@ console.log(JSON.stringify(fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p
 """
 
 
-def _zombie_leaders(engine: DockerEngine, session: Session) -> list[int]:
+def _zombie_leaders(engine: Engine, session: Session) -> list[int]:
     argv = ["/usr/local/bin/node", "-e", _ZOMBIE_LEADERS.replace("UID", str(session.uid))]
-    result = engine.exec(session.container_id, argv, user=user_of(PROBE_UID), timeout=30, max_stdout=65536)
+    result = engine.exec(session.container_id, ExecRequest(argv, user=user_of(PROBE_UID), timeout=30, max_stdout=65536))
     assert result.exit_code == 0, result.stderr
     return list(json.loads(result.stdout))
 
 
 @contextmanager
-def leader_exited(engine: DockerEngine, session: Session, image_id: str) -> Generator[str]:
+def leader_exited(engine: Engine, session: Session, image_id: str) -> Generator[str]:
     """A process of the sandbox's uid in its pid namespace whose leader thread exited while another thread lives.
 
     Nothing in the sandbox image can make one (node never ends its main thread alone, and every writable mount is
@@ -73,7 +75,7 @@ def leader_exited(engine: DockerEngine, session: Session, image_id: str) -> Gene
     """
     if engine.runtime_in_force().user_space_kernel or engine.daemon_facts().architecture != "x86_64":
         pytest.skip("the probe joins the sandbox's pid namespace and is x86-64 code")
-    api = engine.api()
+    api = docker_of(engine).client()
     config = api.create_host_config(pid_mode=f"container:{session.container_id}", network_mode="none")
     created = api.create_container(
         image_id, entrypoint=[_LEADER_EXITS_PATH], command=[], user=session.user, labels=dict(engine.labels),
@@ -157,7 +159,7 @@ async def test_a_paused_context_that_was_continued_between_calls_gets_the_sandbo
     again = f"process.kill({pid}, 'SIGSTOP');" if stopped_again else ""
     script = f"process.kill({pid}, 'SIGCONT'); setTimeout(() => {{ {again} }}, 300);"
     argv = ["/usr/local/bin/node", "-e", script]
-    sent = manager.engine.exec(session.container_id, argv, user=session.user, timeout=30, max_stdout=1024)
+    sent = manager.engine.exec(session.container_id, ExecRequest(argv, user=session.user, timeout=30, max_stdout=1024))
     assert sent.exit_code == 0, sent.stderr
     with pytest.raises(SandboxError) as caught:
         if next_call == "evaluate":

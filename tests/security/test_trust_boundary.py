@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.hardening import LABEL_SESSION, SANDBOX_UIDS
 from mcp import Client
 

@@ -1,75 +1,42 @@
-"""The real transports with one helper's raw answer edited: faults that no honest helper produces on demand (a
-garbled answer, a flood of lines), injected at the bytes the host parses, around a real container.
+"""The real transports over an engine that edits one helper's raw answer: faults that no honest helper produces on
+demand (a garbled answer, a flood of lines), injected at the bytes the host parses, around a real container.
 
 :class:`EditedTransport` edits answers on the session's channel (file operations and runs, as the server sends
-them); :class:`EditedExecTransport` edits exec results (the exec form, where an exit code exists). Install either
-with :func:`install`, which closes the channels the manager's previous transport held.
+them); :class:`EditedExecTransport` edits exec results (the exec form, where an exit code exists). Both edit at the
+engine boundary (:class:`~tests.support.forwarding_engine.EditedEngine`). Install either with :func:`install`, which
+closes the channels the manager's previous transport held.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from code_sandbox.engine import DockerEngine, ExecResult, HeldExec
+from code_sandbox.engine import Engine
 from code_sandbox.profile import Profile
 from code_sandbox.sessions import SessionManager
-from code_sandbox.transport import ChannelTransport, DockerTransport, StderrSink, Target, Transport
+from code_sandbox.transport import ChannelTransport, DockerTransport, Transport
 
-LineEdit = Callable[[bytes, StderrSink | None], bytes]
-"""Gets the helper's answer line and the stderr sink (to feed it lines); returns the line the host is to see."""
-ExecEdit = Callable[[list[str], ExecResult, StderrSink | None], ExecResult]
+from tests.support.forwarding_engine import EditedEngine, ExecEdit, LineEdit
 
 
 class EditedTransport(ChannelTransport):
     """The channel transport; the answer to every request of ``operation`` (``"run"``, ``"list"``...) is edited.
     ``operations`` records the operation of every request sent."""
 
-    def __init__(self, engine: DockerEngine, profile: Profile, operation: str, edit: LineEdit) -> None:
-        super().__init__(engine, profile)
-        self._operation = operation
-        self._edit = edit
-        self.operations: list[str] = []
+    def __init__(self, engine: Engine, profile: Profile, operation: str, edit: LineEdit) -> None:
+        self.edited = EditedEngine(engine, line_edits={operation: edit})
+        super().__init__(self.edited, profile)
 
-    def _read_answer(
-        self,
-        operation: str,
-        held: HeldExec,
-        deadline: float,
-        max_stdout: int,
-        max_stderr: int,
-        on_stderr: StderrSink | None,
-    ) -> bytes:
-        self.operations.append(operation)
-        line = super()._read_answer(operation, held, deadline, max_stdout, max_stderr, on_stderr)
-        return self._edit(line, on_stderr) if operation == self._operation else line
+    @property
+    def operations(self) -> list[str]:
+        return self.edited.operations
 
 
 class EditedExecTransport(DockerTransport):
     """The exec transport; every exec whose argv ``match`` accepts gets its result edited."""
 
-    def __init__(
-        self, engine: DockerEngine, profile: Profile, match: Callable[[list[str]], bool], edit: ExecEdit
-    ) -> None:
-        super().__init__(engine, profile)
-        self._match = match
-        self._edit = edit
-
-    def _exec(
-        self,
-        target: Target,
-        argv: list[str],
-        *,
-        stdin: Iterable[bytes] | None,
-        timeout: float,
-        max_stdout: int,
-        max_stderr: int,
-        on_stderr: StderrSink | None,
-    ) -> ExecResult:
-        result = super()._exec(
-            target, argv, stdin=stdin, timeout=timeout, max_stdout=max_stdout, max_stderr=max_stderr,
-            on_stderr=on_stderr,
-        )  # fmt: skip
-        return self._edit(argv, result, on_stderr) if self._match(argv) else result
+    def __init__(self, engine: Engine, profile: Profile, match: Callable[[list[str]], bool], edit: ExecEdit) -> None:
+        super().__init__(EditedEngine(engine, exec_match=match, exec_edit=edit), profile)
 
 
 def install(manager: SessionManager, transport: Transport) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from code_sandbox.engine import DockerEngine, EngineAddress
+from code_sandbox.docker_engine import DockerEngine, EngineAddress
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_TAG
 

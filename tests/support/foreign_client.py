@@ -11,11 +11,13 @@ from __future__ import annotations
 import sys
 
 import anyio
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_TAG, ContainerRequest
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
+
+from tests.support.images import start_container
 
 TAG = "foreign-client"
 
@@ -36,7 +38,7 @@ async def start() -> None:
     exited = engine.create_container(
         ContainerRequest(image_id, ["/usr/local/bin/node", "-e", "0"], {LABEL_MANAGED: "true"}, apparmor), start=False
     )
-    engine.start_container(exited)  # created without auto-remove: it exits and stays
+    start_container(engine, exited)  # created without auto-remove: it exits and stays
 
 
 def check() -> int:

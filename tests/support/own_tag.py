@@ -10,9 +10,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.image import verify_image
 from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, PackageSet, Profile
+
+from tests.support.images import untag_image
 
 
 class OwnTagProfile(Profile):
@@ -88,4 +90,4 @@ def variant_of(engine: DockerEngine, profile: Profile, good_image: str, tag: str
     yield Variant(engine, OwnTagProfile(profile, tag), good_image)
     # Removing a variant's last tag removes the variant (not its parent, the good image); it fails while a
     # container still uses it. Another run's identical variant (the build cache) goes with that run's tag.
-    engine.untag_image(tag)
+    untag_image(engine, tag)

@@ -14,7 +14,8 @@ import secrets
 from collections.abc import Generator, Mapping
 from pathlib import Path
 
-from code_sandbox.engine import ContainerFacts, DockerEngine
+from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.engine import ContainerFacts
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_MANAGED, LABEL_TAG
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_TAG
 

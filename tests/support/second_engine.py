@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from code_sandbox.engine import DockerEngine, EngineAddress
+from code_sandbox.docker_engine import DockerEngine, EngineAddress
 from code_sandbox.hardening import LABEL_TAG
 
+from tests.support.images import tag_image
 from tests.support.run import remove_tagged, worker_tag
 from tests.support.tls import make_certificates
 
@@ -143,7 +144,7 @@ class SecondEngine:
         """Make ``tag`` name ``image_id`` here; the image is copied from ``source`` unless it is here already."""
         if self.engine.image_facts(image_id) is None:
             load_image(source, self.engine, image_id)
-        self.engine.tag_image(image_id, tag)
+        tag_image(self.engine, image_id, tag)
 
     def close(self) -> None:
         """Stop the daemon for good; then nothing of it may be left: no process, no mount, no file."""
@@ -193,9 +194,9 @@ def load_image(source: DockerEngine, target: DockerEngine, image_id: str) -> Non
 
     Through :meth:`DockerEngine.api`, the SDK client, as no product code needs to copy images.
     """
-    saved: Any = source.api().get_image(image_id)
+    saved: Any = source.client().get_image(image_id)
     try:
-        events: Iterator[dict[str, Any]] = target.api().load_image(saved)
+        events: Iterator[dict[str, Any]] = target.client().load_image(saved)
         errors = [event for event in events if "error" in event or "errorDetail" in event]
     finally:
         saved.close()

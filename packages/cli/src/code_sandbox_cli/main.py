@@ -71,7 +71,7 @@ def _check_engine(settings: Settings) -> None:
     before serve's start-up (the current Docker context is checked at the first call, as every address is)."""
     if settings.runtime is None and not (os.environ.get("DOCKER_HOST") or os.environ.get("DOCKER_CONTEXT")):
         return
-    from code_sandbox.engine import DockerEngine, EngineAddress
+    from code_sandbox.docker_engine import DockerEngine, EngineAddress
 
     try:
         EngineAddress.from_environment().require_checked()
@@ -162,7 +162,7 @@ async def _run_local(
     arguments: list[str],
     timeout_seconds: int | None,
 ) -> int:
-    from code_sandbox.engine import DockerEngine
+    from code_sandbox.docker_engine import DockerEngine
     from code_sandbox.local_run import run_local
     from code_sandbox.sessions import SessionManager
 
@@ -204,8 +204,8 @@ async def _run_local(
 @app.command()
 def doctor() -> None:
     """Check Docker, the enforced hardening, the image, the settings and the audit log; print a fix for each failure."""
+    from code_sandbox.docker_engine import DockerEngine
     from code_sandbox.doctor import Finding, run_doctor
-    from code_sandbox.engine import DockerEngine
 
     profile: Profile | None
     try:
@@ -273,7 +273,7 @@ def build_image(
     ] = None,
 ) -> None:
     """Build the sandbox image and tag it with the profile's single allowlisted tag."""
-    from code_sandbox.engine import DockerEngine
+    from code_sandbox.docker_engine import DockerEngine
     from code_sandbox.image import build_offline_image
 
     settings = _settings()
@@ -307,7 +307,7 @@ def build_image(
 def verify_image_command() -> None:
     """Check the sandbox image: immutable ID, exact labels and configuration, non-root, no shell or package manager,
     every file as the build recorded it, helpers, a hardened run."""
-    from code_sandbox.engine import DockerEngine
+    from code_sandbox.docker_engine import DockerEngine
     from code_sandbox.image import verify_image
 
     settings = _settings()
@@ -343,7 +343,7 @@ def reap(
     OWNER says whether the server that made a container still runs: live, dead (its containers are orphans), or ?
     (unknown: another machine's or user's server, or one that could not record itself).
     """
-    from code_sandbox.engine import DockerEngine
+    from code_sandbox.docker_engine import DockerEngine
     from code_sandbox.sweep import apply_verdicts, survey_managed
 
     settings = _settings()

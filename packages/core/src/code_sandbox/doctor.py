@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from code_sandbox.audit import UnsafeAuditFileError, default_audit_path, open_audit_file
-from code_sandbox.engine import HTTP_IGNORES_TLS, PODMAN, DockerEngine, EngineAddress
+from code_sandbox.docker_engine import HTTP_IGNORES_TLS, DockerEngine, EngineAddress
+from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.image import verify_image
@@ -37,7 +38,7 @@ def run_doctor(engine: DockerEngine, profile: Profile | None, environ: dict[str,
     findings: list[Finding] = []
     settings = _check_settings(findings, environ)
     docker_ok = _check_docker(findings, engine)
-    runtime_ok = docker_ok and _check_runtime(findings, engine)
+    runtime_ok = docker_ok and _check_runtime(findings, engine, local=engine.address.local)
     if runtime_ok and profile is not None:
         _check_hardening(findings, engine, profile)
         _check_image(findings, engine, profile)
@@ -165,7 +166,7 @@ GVISOR_REGISTRATION = (
 container that has no network namespace of its own to configure."""
 
 
-def _check_runtime(findings: list[Finding], engine: DockerEngine, *, runsc: str | None = None) -> bool:
+def _check_runtime(findings: list[Finding], engine: Engine, *, local: bool, runsc: str | None = None) -> bool:
     try:
         runtime = engine.runtime_in_force()
     except SandboxError as error:
@@ -183,7 +184,7 @@ def _check_runtime(findings: list[Finding], engine: DockerEngine, *, runsc: str 
     detail = f"{runtime.name}: sandboxes share the host's kernel"
     installed = runsc if runsc is not None else shutil.which("runsc")
     registered = any(PurePosixPath(path).name == "runsc" for path in engine.daemon_facts().runtimes.values())
-    if installed and not registered and engine.address.local and engine.daemon_facts().product != PODMAN:
+    if installed and not registered and local and not engine.daemon_facts().podman:
         findings.append(
             Finding("runtime", True, detail + "; gVisor's runsc is installed but not registered", GVISOR_REGISTRATION)
         )
@@ -192,7 +193,7 @@ def _check_runtime(findings: list[Finding], engine: DockerEngine, *, runsc: str 
     return True
 
 
-def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Profile) -> None:
+def _check_hardening(findings: list[Finding], engine: Engine, profile: Profile) -> None:
     image = engine.image_facts(profile.image_spec().tag)
     if image is None:
         findings.append(Finding("hardening enforced", False, "not checked: no image", "build the image first"))
@@ -219,7 +220,8 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
         return
     try:
         result = engine.exec(
-            container_id, profile.probe_argv(), user=user_of(PROBE_UID), timeout=30, max_stdout=65536, repeatable=True
+            container_id,
+            ExecRequest(profile.probe_argv(), user=user_of(PROBE_UID), timeout=30, max_stdout=65536, repeatable=True),
         )
         seen = parse_message(result.stdout.strip(), ProbeAnswer)
     except (SandboxError, ProtocolViolation):
@@ -245,9 +247,7 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
             ("no-new-privileges", lambda: seen.no_new_privs is True),
         ]
         if daemon.apparmor:
-            # Docker applies the profile named; Podman its own (the adapter names none there).
-            profile_name = "containers-default" if daemon.product == PODMAN else "docker-default"
-            checks.append(("AppArmor", lambda: profile_name in (seen.apparmor or "")))
+            checks.append(("AppArmor", lambda: daemon.apparmor_profile in (seen.apparmor or "")))
     failed = [name for name, ok in checks if not ok()]
     passed_names = ", ".join(name for name, _ok in checks)
     findings.append(
@@ -263,7 +263,7 @@ def _check_hardening(findings: list[Finding], engine: DockerEngine, profile: Pro
     )
 
 
-def _check_image(findings: list[Finding], engine: DockerEngine, profile: Profile) -> None:
+def _check_image(findings: list[Finding], engine: Engine, profile: Profile) -> None:
     try:
         report = verify_image(engine, profile)
     except SandboxError as error:

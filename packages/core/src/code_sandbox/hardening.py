@@ -1,6 +1,6 @@
 """The one place that decides how a sandbox container is configured. Every value here is a security boundary.
 
-These are plain data; the Docker adapter (:mod:`code_sandbox.engine`) turns them into API calls. A test creates a
+These are plain data; the Docker adapter (:mod:`code_sandbox.docker_engine`) turns them into API calls. A test creates a
 real container and compares ``docker inspect`` with literal expected values, so a change here cannot slip by.
 """
 

@@ -16,7 +16,7 @@ from typing import NamedTuple, TypeVar
 import anyio
 import anyio.to_thread
 
-from code_sandbox.engine import DaemonFacts, DockerEngine
+from code_sandbox.engine import DaemonFacts, Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
@@ -72,7 +72,7 @@ class Provisioner:
 
     def __init__(
         self,
-        engine: DockerEngine,
+        engine: Engine,
         profile: Profile,
         settings: Settings,
         *,

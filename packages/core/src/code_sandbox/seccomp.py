@@ -12,7 +12,7 @@ above the highest name it knows gets ENOSYS, which callers take as "not implemen
 fchmodat2); every call below that number that is not listed gets EPERM. So every system call up to Linux 6.18 has an
 explicit decision here: allowed, refused with ENOSYS (callers probe it and fall back), or refused with EPERM.
 gVisor ignores the profile unless runsc runs with ``--oci-seccomp``; its own kernel holds socket memory in the
-sandbox's memory. Podman reads ``seccomp=`` as a file on its host (:mod:`code_sandbox.engine` writes one).
+sandbox's memory. Podman reads ``seccomp=`` as a file on its host (:mod:`code_sandbox.docker_engine.podman` writes one).
 """
 
 from __future__ import annotations

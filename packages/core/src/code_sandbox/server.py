@@ -35,7 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 from code_sandbox import tool_text
 from code_sandbox.audit import AuditValue
-from code_sandbox.engine import DockerEngine
+from code_sandbox.engine import Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.evaluation import evaluate_code
 from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
@@ -188,7 +188,7 @@ class SandboxServer(Server[None]):
         settings: Settings,
         profile: Profile,
         *,
-        engine: DockerEngine | None = None,
+        engine: Engine | None = None,
         state_dir: Path | None = None,
         service: SandboxService | None = None,
     ) -> None:

@@ -17,7 +17,8 @@ import anyio.abc
 import anyio.to_thread
 
 from code_sandbox.audit import AuditLog
-from code_sandbox.engine import DockerEngine
+from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.engine import Engine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.image import VerifiedImages
@@ -38,7 +39,7 @@ class SandboxService:
         settings: Settings,
         profile: Profile,
         *,
-        engine: DockerEngine | None = None,
+        engine: Engine | None = None,
         state_dir: Path | None = None,
     ) -> None:
         self.settings = settings

@@ -20,7 +20,7 @@ import anyio
 import anyio.lowlevel
 
 from code_sandbox.channel import Channel
-from code_sandbox.engine import DockerEngine
+from code_sandbox.engine import Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import user_of
 from code_sandbox.image import VerifiedImages
@@ -81,7 +81,7 @@ class SessionManager:
 
     def __init__(
         self,
-        engine: DockerEngine,
+        engine: Engine,
         profile: Profile,
         settings: Settings,
         *,
@@ -105,11 +105,11 @@ class SessionManager:
     # -- what the parts share: one value each, held by the part that uses it, read and replaced here ------------
 
     @property
-    def engine(self) -> DockerEngine:
+    def engine(self) -> Engine:
         return self._provisioner.engine
 
     @engine.setter
-    def engine(self, engine: DockerEngine) -> None:
+    def engine(self, engine: Engine) -> None:
         self._provisioner.engine = engine
 
     @property

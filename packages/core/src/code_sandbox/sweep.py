@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from code_sandbox.engine import ContainerFacts, DockerEngine
+from code_sandbox.engine import ContainerFacts, Engine
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_OWNER, LABEL_TAG
 from code_sandbox.liveness import owner_alive as marker_alive
@@ -84,7 +84,7 @@ def judge_container(
 
 
 def survey_managed(
-    engine: DockerEngine, *, max_lifetime: int, state_dir: Path | None = None, tag: str | None = None
+    engine: Engine, *, max_lifetime: int, state_dir: Path | None = None, tag: str | None = None
 ) -> list[Verdict]:
     """Judge every managed container on this Docker engine.
 
@@ -103,7 +103,7 @@ Action = Literal["removed", "would remove", "kept", "REMOVAL FAILED"]
 
 
 def apply_verdicts(
-    engine: DockerEngine,
+    engine: Engine,
     verdicts: list[Verdict],
     *,
     state_dir: Path | None,
@@ -112,7 +112,7 @@ def apply_verdicts(
     dry_run: bool = False,
 ) -> list[Action]:
     """Remove the containers the verdicts call garbage (``everything``: all of them) and the volumes that no container
-    uses any more (Podman's tmpfs volumes, :meth:`DockerEngine.remove_leftover_volumes`), then forget the markers of
+    uses any more (Podman's tmpfs volumes, :meth:`Engine.remove_leftover_volumes`), then forget the markers of
     stopped servers with nothing left (:func:`forget_stopped_servers`). A dry run changes nothing.
 
     :return: what happened to each container, in the verdicts' order.
@@ -148,7 +148,7 @@ def apply_verdicts(
 
 
 def sweep_managed(
-    engine: DockerEngine, *, max_lifetime: int, state_dir: Path | None = None, tag: str | None = None
+    engine: Engine, *, max_lifetime: int, state_dir: Path | None = None, tag: str | None = None
 ) -> tuple[list[Verdict], int]:
     """Remove the stopped, expired and orphaned managed containers (only those tagged ``tag``, when given).
     Returns the verdicts and the failed removals."""
@@ -161,7 +161,7 @@ def sweep_managed(
 
 
 def forget_stopped_servers(
-    engine: DockerEngine,
+    engine: Engine,
     state_dir: Path,
     verdicts: Iterable[Verdict],
     *,

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from code_sandbox.engine import DockerEngine, ExecResult, HeldExec
+from code_sandbox.engine import Engine, ExecRequest, ExecStream, LineRequest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import SUPERVISOR_USER
 from code_sandbox.profile import HelperKind, Profile
@@ -198,9 +198,9 @@ def request_frame(request: Message) -> bytes:
 
 
 class DockerTransport(Transport):
-    """Each call is one ``docker exec`` of the profile's helper (:meth:`DockerEngine.exec`)."""
+    """Each call is one ``docker exec`` of the profile's helper (:meth:`Engine.exec`)."""
 
-    def __init__(self, engine: DockerEngine, profile: Profile) -> None:
+    def __init__(self, engine: Engine, profile: Profile) -> None:
         self.engine = engine
         self.profile = profile
 
@@ -266,32 +266,16 @@ class DockerTransport(Transport):
             argv.append("-")
             stdin = itertools.chain([request_frame(request)], payload or ())
         with untrusted():
-            result = self._exec(
-                target, argv, stdin=stdin, timeout=timeout, max_stdout=max_answer, max_stderr=max_stderr,
-                on_stderr=on_stderr,
-            )  # fmt: skip
+            # A helper call without stdin (the kill-all, the watchdog check) is a query or idempotent, so it may run
+            # again if the engine lost its answer.
+            exec_request = ExecRequest(
+                argv, target.user, timeout, max_answer, max_stderr, stdin, on_stderr, repeatable=stdin is None
+            )
+            result = self.engine.exec(target.container, exec_request)
             lines = result.stdout.split(b"\n")
             if result.exit_code != 0 or len(lines) != 2 or lines[1] != b"":
                 raise HelperCrash(cause=f"exit code {result.exit_code}, {len(lines) - 1} answer line(s)")
             return parse_answer(lines[0], answer)
-
-    def _exec(
-        self,
-        target: Target,
-        argv: list[str],
-        *,
-        stdin: Iterable[bytes] | None,
-        timeout: float,
-        max_stdout: int,
-        max_stderr: int,
-        on_stderr: StderrSink | None,
-    ) -> ExecResult:
-        """The raw exec; fault tests override it to corrupt what a real helper said. A helper call without stdin
-        (the kill-all, the watchdog check) is a query or idempotent, so it may run again if its answer was lost."""
-        return self.engine.exec(
-            target.container, argv, user=target.user, stdin=stdin, timeout=timeout, max_stdout=max_stdout,
-            max_stderr=max_stderr, on_stderr=on_stderr, repeatable=stdin is None,
-        )  # fmt: skip
 
 
 class ChannelTransport(DockerTransport):
@@ -308,12 +292,12 @@ class ChannelTransport(DockerTransport):
     whose cleanup the survey then proves) is opened again, by the next call.
     """
 
-    def __init__(self, engine: DockerEngine, profile: Profile) -> None:
+    def __init__(self, engine: Engine, profile: Profile) -> None:
         super().__init__(engine, profile)
-        self._channels: dict[Target, tuple[HeldExec, int]] = {}
+        self._channels: dict[Target, tuple[ExecStream, int]] = {}
         self._contexts: dict[Target, str] = {}
         """Each channel's evaluation context while it lives, paused, between calls: ``pid:start-time``."""
-        self._supervisors: dict[str, HeldExec] = {}
+        self._supervisors: dict[str, ExecStream] = {}
         self._gates: dict[tuple[str, str], threading.Lock] = {}
         self._closed: OrderedDict[str, None] = OrderedDict()
         """Containers closed (being removed), the latest :data:`CLOSED_KEPT` of them: a channel that an opener
@@ -349,10 +333,10 @@ class ChannelTransport(DockerTransport):
                 return Refusal(ok=False, code="INVALID_REQUEST", message="the survey was not wanted")
             deadline = time.monotonic() + min(timeout, OPEN_SECONDS)
             held.send([self._survey_line(target)], deadline)
-            line = held.read_line(deadline, max_stdout=4096, max_stderr=4096, on_stderr=None)
+            line = held.read_line(LineRequest(deadline, max_stdout=4096, max_stderr=4096))
             return parse_answer(line, SurveyAnswer)
 
-    def _supervisor(self, container: str) -> HeldExec:
+    def _supervisor(self, container: str) -> ExecStream:
         with self._gate(("supervisor", container)):
             with self._lock:
                 held = self._supervisors.get(container)
@@ -387,7 +371,7 @@ class ChannelTransport(DockerTransport):
                 raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is gone")
             return self._gates.setdefault(key, threading.Lock())
 
-    def _keep(self, container: str, opened: HeldExec, store: Callable[[], None]) -> HeldExec:
+    def _keep(self, container: str, opened: ExecStream, store: Callable[[], None]) -> ExecStream:
         """Record a channel just opened, unless its container was closed meanwhile (then close it too)."""
         with self._lock:
             if self._shut or container in self._closed:
@@ -407,7 +391,7 @@ class ChannelTransport(DockerTransport):
     ) -> M | Refusal:
         operation = _OPERATIONS[type(request)]
         frame = _envelope(operation, request)
-        return self._exchange(target, operation, itertools.chain([frame], payload), answer, timeout=timeout)
+        return self._exchange(target, itertools.chain([frame], payload), answer, timeout=timeout)
 
     def run(
         self, target: Target, request: RunRequest, *, timeout: float, on_stderr: StderrSink | None = None
@@ -415,7 +399,7 @@ class ChannelTransport(DockerTransport):
         frame = _envelope("run", request)
         self._forget_context(target)  # the run's cleanup kills it
         return self._exchange(
-            target, "run", [frame], RunAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
+            target, [frame], RunAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
             on_stderr=on_stderr,
         )  # fmt: skip
 
@@ -431,7 +415,7 @@ class ChannelTransport(DockerTransport):
         frame = _envelope("execute", request)
         self._forget_context(target)
         answer = self._exchange(
-            target, "execute", itertools.chain([frame], payload), ExecuteAnswer, timeout=timeout,
+            target, itertools.chain([frame], payload), ExecuteAnswer, timeout=timeout,
             max_answer=9 * MiB, max_stderr=8 * MiB, on_stderr=on_stderr,
         )  # fmt: skip
         if isinstance(answer, Refusal):
@@ -444,7 +428,7 @@ class ChannelTransport(DockerTransport):
         frame = _envelope("evaluate", request)
         self._forget_context(target)  # until the answer says that it lives on
         answer = self._exchange(
-            target, "evaluate", [frame], EvaluateAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
+            target, [frame], EvaluateAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
             on_stderr=on_stderr,
         )  # fmt: skip
         if isinstance(answer, EvaluateAnswer) and answer.context_pid is not None and answer.context_started is not None:
@@ -466,13 +450,13 @@ class ChannelTransport(DockerTransport):
         finally:
             self._drop(target)
 
-    def _channel(self, target: Target) -> HeldExec:
+    def _channel(self, target: Target) -> ExecStream:
         held = self._open(target, first_only=False)
         if held is None:  # only a first-only open gives up
             raise HelperCrash()
         return held
 
-    def _open(self, target: Target, *, first_only: bool) -> HeldExec | None:
+    def _open(self, target: Target, *, first_only: bool) -> ExecStream | None:
         """The target's open channel, opened now if need be; ``None`` when ``first_only`` and one was opened before."""
         with self._gate(("channel", target.container)):
             with self._lock:
@@ -486,7 +470,7 @@ class ChannelTransport(DockerTransport):
             opened = self.engine.open_exec(target.container, argv, user=target.user)
             try:
                 deadline = time.monotonic() + OPEN_SECONDS
-                hello = opened.read_line(deadline, max_stdout=4096, max_stderr=4096, on_stderr=None)
+                hello = opened.read_line(LineRequest(deadline, max_stdout=4096, max_stderr=4096))
                 pid = parse_message(hello, ChannelHello).pid
             except BaseException:
                 opened.close()
@@ -523,7 +507,6 @@ class ChannelTransport(DockerTransport):
     def _exchange(
         self,
         target: Target,
-        operation: str,
         chunks: Iterable[bytes],
         answer: type[M],
         *,
@@ -536,25 +519,17 @@ class ChannelTransport(DockerTransport):
         with untrusted(lambda: self._drop(target)):
             held = self._channel(target)
             held.send(chunks, deadline)
-            line = self._read_answer(operation, held, deadline, max_answer, max_stderr, on_stderr)
+            line = read_answer(held, deadline, max_answer, max_stderr, on_stderr)
             return parse_answer(line, answer)
 
-    def _read_answer(
-        self,
-        operation: str,
-        held: HeldExec,
-        deadline: float,
-        max_stdout: int,
-        max_stderr: int,
-        on_stderr: StderrSink | None,
-    ) -> bytes:
-        """The answer line of one request, once its stderr has ended too (the ``{"end":true}`` line the helper writes
-        after all of it); fault tests override it to corrupt what a real helper said."""
-        del operation
-        lines = _StderrLines(on_stderr)
-        return held.read_line(
-            deadline, max_stdout=max_stdout, max_stderr=max_stderr, on_stderr=lines.feed, until=lines.ended
-        )
+
+def read_answer(
+    held: ExecStream, deadline: float, max_stdout: int, max_stderr: int, on_stderr: StderrSink | None
+) -> bytes:
+    """The answer line of one channel request, once its stderr has ended too (the ``{"end":true}`` line the helper
+    writes after all of it)."""
+    lines = _StderrLines(on_stderr)
+    return held.read_line(LineRequest(deadline, max_stdout, max_stderr, on_stderr=lines.feed, until=lines.ended))
 
 
 class _StderrLines:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 
 from code_sandbox.elf import is_elf, resolve_runtime_files
-from code_sandbox.engine import DockerEngine, normalise_arch
+from code_sandbox.engine import Engine, normalise_arch
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     SCRATCH_DIR,
@@ -44,7 +44,7 @@ Progress = Callable[[str], None]
 
 
 def build_offline_image(
-    engine: DockerEngine,
+    engine: Engine,
     profile: Profile,
     *,
     runtime: Path | None,

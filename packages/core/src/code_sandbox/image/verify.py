@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from code_sandbox.engine import DockerEngine, FileEntry, ImageFacts
+from code_sandbox.engine import Engine, ExecRequest, FileEntry, ImageFacts
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
@@ -53,7 +53,7 @@ VERIFIER_VERSION = 4
 """Bump when :func:`verify_image` checks something new: passes recorded by an earlier version then no longer count."""
 
 
-def verification_key(engine: DockerEngine, profile: Profile, image_id: str) -> str:
+def verification_key(engine: Engine, profile: Profile, image_id: str) -> str:
     """What a pass of :func:`verify_image` vouches for: this image ID (a hash of its content) checked against this
     profile's expectations, by this version of the checks, on an engine like this one (the hardened run is the
     engine's)."""
@@ -68,7 +68,7 @@ def verification_key(engine: DockerEngine, profile: Profile, image_id: str) -> s
         "helpers": sorted(spec.helper_digests.items()),
         "runtime": [spec.runtime_path, spec.runtime_version_label, *spec.runtime_version_argv],
         "forbidden": sorted(spec.forbidden_names),
-        "engine": [engine.address.shown(), daemon.product, daemon.architecture, daemon.os_type,
+        "engine": [engine.location, daemon.product, daemon.architecture, daemon.os_type,
                    daemon.apparmor, daemon.seccomp, engine.runtime_in_force().name],
     }  # fmt: skip
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
@@ -137,7 +137,7 @@ class VerifyReport:
         return passed
 
 
-def verify_image(engine: DockerEngine, profile: Profile, *, apparmor: bool | None = None) -> VerifyReport:
+def verify_image(engine: Engine, profile: Profile, *, apparmor: bool | None = None) -> VerifyReport:
     """Check the profile's image: immutable ID, exact labels, non-root user, contents, and a hardened run."""
     spec = profile.image_spec()
     report = VerifyReport()
@@ -188,7 +188,7 @@ _DESCRIPTIVE_ANNOTATIONS = "org.opencontainers.image."
 (crun's ``run.oci.*``, runc's ``org.systemd.property.*``) and fails verification."""
 
 
-def _verify_contents(engine: DockerEngine, spec: ImageSpec, image: ImageFacts, report: VerifyReport) -> None:
+def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report: VerifyReport) -> None:
     expected, runtime_path = spec.helper_digests, spec.runtime_path
     forbidden_names = FORBIDDEN_NAMES | spec.forbidden_names
     request = ContainerRequest(
@@ -345,14 +345,12 @@ class _TreeCheck:
 _VERSION_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
 
 
-def _probe_labels(engine: DockerEngine) -> dict[str, str]:
+def _probe_labels(engine: Engine) -> dict[str, str]:
     """Probe containers are managed and due within a minute, so a sweep removes any that a crash left behind."""
     return {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(engine.now()) + 60)}
 
 
-def _verify_run(
-    engine: DockerEngine, profile: Profile, image: ImageFacts, *, apparmor: bool, report: VerifyReport
-) -> None:
+def _verify_run(engine: Engine, profile: Profile, image: ImageFacts, *, apparmor: bool, report: VerifyReport) -> None:
     spec = profile.image_spec()
     watchdog = [*profile.helper_argv("watchdog"), "60"]
     request = ContainerRequest(
@@ -369,11 +367,9 @@ def _verify_run(
     try:
         result = engine.exec(
             container_id,
-            list(spec.runtime_version_argv),
-            user=user_of(PROBE_UID),
-            timeout=30,
-            max_stdout=4096,
-            repeatable=True,
+            ExecRequest(
+                list(spec.runtime_version_argv), user=user_of(PROBE_UID), timeout=30, max_stdout=4096, repeatable=True
+            ),
         )
     except SandboxError as exc:
         report.add("hardened run", False, f"the runtime did not run ({exc.code})")

@@ -1,0 +1,34 @@
+"""The engine boundary: :class:`Engine`, the typed interface through which core reaches containers, and the data it
+takes and returns. The Docker and Podman adapter behind it is :mod:`code_sandbox.docker_engine`; tests use an
+in-memory one."""
+
+from code_sandbox.engine.interface import DEFAULT_MAX_STDERR, Engine, ExecRequest, ExecStream, LineRequest, StderrSink
+from code_sandbox.engine.models import (
+    PODMAN,
+    ContainerFacts,
+    DaemonFacts,
+    ExecResult,
+    FileEntry,
+    ImageConfig,
+    ImageFacts,
+    RuntimeFacts,
+    normalise_arch,
+)
+
+__all__ = [
+    "DEFAULT_MAX_STDERR",
+    "PODMAN",
+    "ContainerFacts",
+    "DaemonFacts",
+    "Engine",
+    "ExecRequest",
+    "ExecResult",
+    "ExecStream",
+    "FileEntry",
+    "ImageConfig",
+    "ImageFacts",
+    "LineRequest",
+    "RuntimeFacts",
+    "StderrSink",
+    "normalise_arch",
+]
