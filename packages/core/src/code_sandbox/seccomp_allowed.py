@@ -200,19 +200,16 @@ ALLOWED: tuple[Group, ...] = (
         ("prctl",),
         args=({"index": 0, "value": PR_SET_SECCOMP, "op": "SCMP_CMP_NE"},),
     ),
-    Group(
-        "personality-query-only",
-        "personality(2) only to read the persona or set plain PER_LINUX: other personas switch off ASLR "
-        "(ADDR_NO_RANDOMIZE) or make mmap(PROT_READ) executable (READ_IMPLIES_EXEC) for the process and what it "
-        "execs.",
-        ("personality",),
-        args=({"index": 0, "value": PER_LINUX, "op": "SCMP_CMP_EQ"},),
-    ),
-    Group(
-        "personality-query-only",
-        "(second value; see above)",
-        ("personality",),
-        args=({"index": 0, "value": PERSONALITY_QUERY, "op": "SCMP_CMP_EQ"},),
+    *(  # one rule for each argument value allowed: a rule's conditions must all hold
+        Group(
+            "personality-query-only",
+            "personality(2) only to read the persona or set plain PER_LINUX: other personas switch off ASLR "
+            "(ADDR_NO_RANDOMIZE) or make mmap(PROT_READ) executable (READ_IMPLIES_EXEC) for the process and what it "
+            "execs.",
+            ("personality",),
+            args=({"index": 0, "value": persona, "op": "SCMP_CMP_EQ"},),
+        )
+        for persona in (PER_LINUX, PERSONALITY_QUERY)
     ),
     Group(
         "unix-sockets",
