@@ -36,6 +36,7 @@ from code_sandbox.handshake import (
     parse_initialize,
     parse_response,
 )
+from code_sandbox.jsonvalue import JSONObject
 from code_sandbox.liveness import default_state_dir
 from code_sandbox.profile import Profile
 from code_sandbox.settings import Settings
@@ -120,12 +121,12 @@ class Wire:
         self._answers = answers
         self._writing = threading.Lock()  # the SDK's answers and refused lines' answers come from different tasks
         self._watch: Initialize | None = None
-        self._sent: dict[str, Any] | None = None
+        self._sent: JSONObject | None = None
         self.on_disagreement: Callable[[], None] = lambda: None
         """Called when the SDK did not accept an ``initialize`` answered early: the client and the SDK now disagree
         about the session, and the connection must end."""
 
-    async def send_early(self, request: Initialize, result: dict[str, Any]) -> None:
+    async def send_early(self, request: Initialize, result: JSONObject) -> None:
         """Answer ``request`` now, before the SDK has loaded; its answer will be compared, not sent."""
         self._watch, self._sent = request, result
         await anyio.to_thread.run_sync(self._write_line, answer_line(request.id, result).decode())
