@@ -95,18 +95,17 @@ def _envelope_problem(message: JSONValue) -> str | None:
     nothing does. Extra members are let through, as the SDK ignores them."""
     if not isinstance(message, dict):
         return "JSON but not an object"
-    fields = message
-    if fields.get("jsonrpc") != "2.0":
+    if message.get("jsonrpc") != "2.0":
         return "not JSON-RPC 2.0"
-    has_id, usable_id = "id" in fields, _usable_id(fields) is not None
-    if "method" in fields:
-        if not isinstance(fields["method"], str) or not isinstance(fields.get("params"), dict | None):
+    has_id, usable_id = "id" in message, _usable_id(message) is not None
+    if "method" in message:
+        if not isinstance(message["method"], str) or not isinstance(message.get("params"), dict | None):
             return "a request or notification with a method or params of the wrong type"
         return None if usable_id or not has_id else "a request with an id of the wrong type"
-    if "result" in fields and "error" not in fields:
-        return None if usable_id and isinstance(fields["result"], dict) else "a result without an id or an object"
-    error = fields.get("error")
-    if "result" not in fields and isinstance(error, dict) and has_id and (usable_id or fields["id"] is None):
+    if "result" in message and "error" not in message:
+        return None if usable_id and isinstance(message["result"], dict) else "a result without an id or an object"
+    error = message.get("error")
+    if "result" not in message and isinstance(error, dict) and has_id and (usable_id or message["id"] is None):
         code, text = error.get("code"), error.get("message")
         if isinstance(code, int) and not isinstance(code, bool) and isinstance(text, str):
             return None
