@@ -13,14 +13,12 @@ import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
-from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import cast
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hookspecs import hookimpl
-from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, Profile, ProfileInfo, read_helpers
-from code_sandbox.profile import helper_digests as core_helper_digests
+from code_sandbox.profile import HelperFiles, HelperKind, ImageContents, ImageSpec, Profile, ProfileInfo
 from code_sandbox.protocol import PROTOCOL_VERSION
 
 PROFILE_NAME = "python-offline"
@@ -29,9 +27,13 @@ RUNTIME_VERSION = "1.0.0"
 IMAGE_TAG = f"code-sandbox-python:{RUNTIME_VERSION}"
 PREFIX = "/usr/local"
 PYTHON_PATH = f"{PREFIX}/bin/python3"
-HELPER_DIR = "/opt/sandbox"
-HELPER_FILES: dict[HelperKind, str] = {"watchdog": "watchdog.py", "files": "files.py", "runner": "runner.py"}
-HELPERS_PACKAGE = "code_sandbox_python.helpers"
+HELPERS = HelperFiles(
+    package="code_sandbox_python.helpers",
+    directory="/opt/sandbox",
+    names={"watchdog": "watchdog.py", "files": "files.py", "runner": "runner.py"},
+    missing="the in-container helpers are missing from the installed python-offline profile",
+    hint="reinstall code-sandbox-python-example",
+)
 LABEL_PREFIX = "io.code-sandbox."
 PYTHON_VERSION_LABEL = LABEL_PREFIX + "python-version"
 DEFAULT_PYTHON = Path("/usr/bin/python3")
@@ -119,14 +121,15 @@ class PythonProfile(Profile):
     )
 
     def image_spec(self) -> ImageSpec:
-        digests = helper_digests()
-        labels = {LABEL_PREFIX + "profile": PROFILE_NAME, LABEL_PREFIX + "runtime-version": RUNTIME_VERSION}
-        for kind, file_name in HELPER_FILES.items():
-            labels[f"{LABEL_PREFIX}helper.{kind}.sha256"] = digests[f"{HELPER_DIR}/{file_name}"]
+        labels = {
+            LABEL_PREFIX + "profile": PROFILE_NAME,
+            LABEL_PREFIX + "runtime-version": RUNTIME_VERSION,
+            **HELPERS.labels(LABEL_PREFIX),
+        }
         return ImageSpec(
             tag=IMAGE_TAG,
             labels=labels,
-            helper_digests=digests,
+            helper_digests=HELPERS.digests(),
             runtime_path=PYTHON_PATH,
             runtime_version_label=PYTHON_VERSION_LABEL,
             runtime_version_argv=(PYTHON_PATH, "-I", "-S", "-c", "import platform; print(platform.python_version())"),
@@ -136,7 +139,7 @@ class PythonProfile(Profile):
     def image_contents(self, runtime: Path | None) -> ImageContents:
         binary = (runtime or DEFAULT_PYTHON).resolve()
         layout = _layout(binary)
-        files: dict[str, bytes | Path] = {f"{HELPER_DIR}/{name}": data for name, data in _helper_sources().items()}
+        files: dict[str, bytes | Path] = {**HELPERS.image_files()}
         image_stdlib = PurePosixPath(PREFIX, "lib", f"python{layout['minor']}")
         sources: dict[str, Path] = {}
         for source in _stdlib_files(Path(layout["stdlib"])):
@@ -158,7 +161,7 @@ class PythonProfile(Profile):
     def helper_argv(self, helper: HelperKind) -> list[str]:
         # -I: neither the environment nor /workspace (user code's) is on sys.path, so nothing there can shadow a
         # module a helper imports; -S: no site; -B: nothing written.
-        return [PYTHON_PATH, "-I", "-S", "-B", f"{HELPER_DIR}/{HELPER_FILES[helper]}"]
+        return [PYTHON_PATH, "-I", "-S", "-B", HELPERS.path(helper)]
 
     def probe_argv(self) -> list[str]:
         return [PYTHON_PATH, "-I", "-S", "-B", "-c", PROBE]
@@ -167,21 +170,6 @@ class PythonProfile(Profile):
 @hookimpl
 def code_sandbox_register_profiles(register: Callable[[Profile], None]) -> None:
     register(PythonProfile())
-
-
-def helper_digests() -> dict[str, str]:
-    """In-image helper path -> sha256 of the source shipped in this package."""
-    return core_helper_digests(HELPER_DIR, _helper_sources())
-
-
-@cache
-def _helper_sources() -> dict[str, bytes]:
-    return read_helpers(
-        HELPERS_PACKAGE,
-        HELPER_FILES.values(),
-        missing="the in-container helpers are missing from the installed python-offline profile",
-        hint="reinstall code-sandbox-python-example",
-    )
 
 
 _LAYOUT_SCRIPT = """

@@ -16,12 +16,12 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, cast
 
+from code_sandbox.jsonvalue import JSONObject, JSONValue, parse_json
 from code_sandbox.liveness import is_private_directory
 
 MAX_ANSWER_BYTES = 256 * 1024
@@ -56,7 +56,7 @@ def parse_initialize(line: str) -> Initialize | None:
     return Initialize(request_id, version)
 
 
-def parse_response(line: str, request_id: RequestId) -> tuple[bool, dict[str, Any] | None]:
+def parse_response(line: str, request_id: RequestId) -> tuple[bool, JSONObject | None]:
     """Whether ``line`` answers the request ``request_id``, and its result if it is a successful answer."""
     message = _json_object(line)
     if message is None or "method" in message or message.get("id") != request_id:
@@ -64,7 +64,7 @@ def parse_response(line: str, request_id: RequestId) -> tuple[bool, dict[str, An
     return True, _mapping(message.get("result"))
 
 
-def answer_line(request_id: RequestId, result: dict[str, Any]) -> bytes:
+def answer_line(request_id: RequestId, result: Mapping[str, JSONValue]) -> bytes:
     """A JSON-RPC answer, one line, as the SDK writes one."""
     message = {"jsonrpc": "2.0", "id": request_id, "result": result}
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode() + b"\n"
@@ -95,7 +95,7 @@ class RecordedAnswers:
         except OSError:
             return False
 
-    def get(self, protocol_version: str) -> dict[str, Any] | None:
+    def get(self, protocol_version: str) -> JSONObject | None:
         if not self._private_directory():
             return None
         flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -114,7 +114,7 @@ class RecordedAnswers:
             os.close(fd)
         return _json_object(text)
 
-    def put(self, protocol_version: str, result: dict[str, Any]) -> None:
+    def put(self, protocol_version: str, result: Mapping[str, JSONValue]) -> None:
         """Record the SDK's answer to a request for ``protocol_version``; only for a version the SDK agreed to, so
         that there is at most one file per version the SDK knows, whatever clients ask for."""
         if result.get("protocolVersion") != protocol_version:
@@ -144,18 +144,14 @@ class RecordedAnswers:
                 partial.unlink()
 
 
-def _json_object(text: str) -> dict[str, Any] | None:
+def _json_object(text: str) -> JSONObject | None:
     """``text`` as a JSON object; ``None`` for anything else, NaN and Infinity included (not JSON)."""
     try:
-        return _mapping(json.loads(text, parse_constant=_no_constant))
+        return _mapping(parse_json(text))
     except (ValueError, RecursionError):
         return None
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(name)
-
-
-def _mapping(value: object) -> dict[str, Any] | None:
-    """``value`` if it is a JSON object (every key of parsed JSON is a string)."""
-    return cast(dict[str, Any], value) if isinstance(value, dict) else None
+def _mapping(value: JSONValue) -> JSONObject | None:
+    """``value`` if it is a JSON object."""
+    return value if isinstance(value, dict) else None

@@ -8,6 +8,7 @@ object; core itself names no runtime. ``docs/profiles.md`` describes how to writ
 from __future__ import annotations
 
 import abc
+import functools
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -208,3 +209,41 @@ def read_helpers(package: str, names: Iterable[str], *, missing: str, hint: str)
 def helper_digests(directory: str, sources: Mapping[str, bytes]) -> dict[str, str]:
     """In-image helper path (``directory``/name) -> the sha256 of its source: what ``verify-image`` expects."""
     return {f"{directory}/{name}": hashlib.sha256(data).hexdigest() for name, data in sources.items()}
+
+
+@dataclass(frozen=True)
+class HelperFiles:
+    """A profile's in-container helpers: the package whose data holds their sources, the image directory they are
+    copied to, and each helper's file name there; read once, on first use.
+
+    :param missing: what is missing, for the error when a source cannot be read (:func:`read_helpers`).
+    :param hint: how to reinstall the package.
+    """
+
+    package: str
+    directory: str
+    names: Mapping[HelperKind, str]
+    missing: str
+    hint: str
+
+    @functools.cached_property
+    def sources(self) -> Mapping[str, bytes]:
+        """Each helper's source, by file name."""
+        return read_helpers(self.package, self.names.values(), missing=self.missing, hint=self.hint)
+
+    def path(self, helper: HelperKind) -> str:
+        """Where ``helper`` is in the image."""
+        return f"{self.directory}/{self.names[helper]}"
+
+    def image_files(self) -> dict[str, bytes]:
+        """In-image path -> source, for :attr:`ImageContents.files`."""
+        return {f"{self.directory}/{name}": data for name, data in self.sources.items()}
+
+    def digests(self) -> dict[str, str]:
+        """In-image path -> sha256 of the source, for :attr:`ImageSpec.helper_digests`."""
+        return helper_digests(self.directory, self.sources)
+
+    def labels(self, prefix: str) -> dict[str, str]:
+        """``<prefix>helper.<kind>.sha256`` -> each helper's sha256, for :attr:`ImageSpec.labels`."""
+        digests = self.digests()
+        return {f"{prefix}helper.{kind}.sha256": digests[self.path(kind)] for kind in self.names}

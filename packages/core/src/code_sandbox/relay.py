@@ -13,8 +13,8 @@ import logging
 import re
 import time
 import unicodedata
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import anyio.from_thread
@@ -35,9 +35,9 @@ PIECES_PER_SECOND = 10.0
 piece per stream per 250 ms, or per 64 KiB, so that all kept output fits in a burst)."""
 PIECE_BURST = 40
 
-Progress = Callable[[float, int], Coroutine[Any, Any, None]]
+Progress = Callable[[float, int], Awaitable[None]]
 """Called about once a second during a run with (elapsed seconds, output bytes so far)."""
-OutputSink = Callable[[str, bytes], Coroutine[Any, Any, None]]
+OutputSink = Callable[[str, bytes], Awaitable[None]]
 """Called with ("stdout" or "stderr", bytes) as output arrives, in order; once a stream falls behind (a piece
 dropped), its later pieces are not sent and the caller takes the rest from the result's raw bytes."""
 _Update = tuple[float, int] | tuple[str, bytes]

@@ -13,13 +13,14 @@ Every client line is judged before the SDK sees it, and every line written is es
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol, cast
 
 import anyio
 import anyio.from_thread
@@ -36,6 +37,7 @@ from code_sandbox.handshake import (
     parse_initialize,
     parse_response,
 )
+from code_sandbox.jsonvalue import JSONObject
 from code_sandbox.liveness import default_state_dir
 from code_sandbox.profile import Profile
 from code_sandbox.settings import Settings
@@ -120,12 +122,12 @@ class Wire:
         self._answers = answers
         self._writing = threading.Lock()  # the SDK's answers and refused lines' answers come from different tasks
         self._watch: Initialize | None = None
-        self._sent: dict[str, Any] | None = None
+        self._sent: JSONObject | None = None
         self.on_disagreement: Callable[[], None] = lambda: None
         """Called when the SDK did not accept an ``initialize`` answered early: the client and the SDK now disagree
         about the session, and the connection must end."""
 
-    async def send_early(self, request: Initialize, result: dict[str, Any]) -> None:
+    async def send_early(self, request: Initialize, result: JSONObject) -> None:
         """Answer ``request`` now, before the SDK has loaded; its answer will be compared, not sent."""
         self._watch, self._sent = request, result
         await anyio.to_thread.run_sync(self._write_line, answer_line(request.id, result).decode())
@@ -237,11 +239,10 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
                 greeted.set()
 
             group.start_soon(greet)
-            sdk: list[tuple[Any, Any]] = []
             sdk_loaded = anyio.Event()
 
             async def load_sdk() -> None:
-                sdk.append(await anyio.to_thread.run_sync(_load_sdk))
+                await anyio.to_thread.run_sync(_load_sdk)
                 sdk_loaded.set()
 
             # One after the other: both are mostly CPU-bound imports under one GIL, and the service's are the few
@@ -253,10 +254,13 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
                 await sdk_loaded.wait()
                 await greeted.wait()
                 if first[0] is not None:
-                    server_class, stdio_server = sdk[0]
-                    server = server_class(settings, profile, service=service)
-                    stdin = _replayed(first[0], lines)
-                    async with stdio_server(stdin=cast(Any, stdin), stdout=cast(Any, wire)) as (read, write):
+                    from mcp.server.stdio import stdio_server  # loaded by now: no wait on this thread
+
+                    from code_sandbox.server import SandboxServer
+
+                    server = SandboxServer(settings, profile, service=service)
+                    stdin = _sdk_stream(_replayed(first[0], lines))
+                    async with stdio_server(stdin=stdin, stdout=_sdk_stream(wire)) as (read, write):
                         await server.run(read, write, server.create_initialization_options())
             group.cancel_scope.cancel()
 
@@ -274,13 +278,23 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
             service.engine.close()
 
 
-def _load_sdk() -> tuple[Any, Any]:
-    """The MCP server and the SDK's stdio transport: most of a second of imports, made on a worker thread."""
-    from mcp.server.stdio import stdio_server
+def _load_sdk() -> None:
+    """Import the MCP server and the SDK's stdio transport: most of a second, spent on a worker thread, so that
+    importing them again on the event loop finds them loaded."""
+    for module in ("mcp.server.stdio", "code_sandbox.server"):
+        importlib.import_module(module)
 
-    from code_sandbox.server import SandboxServer
 
-    return SandboxServer, stdio_server
+class _LineWriter(Protocol):
+    async def write(self, text: str) -> int: ...
+
+    async def flush(self) -> None: ...
+
+
+def _sdk_stream(stream: AsyncIterable[str] | _LineWriter) -> anyio.AsyncFile[str]:
+    """``stream`` as the SDK's stdio transport declares its streams: ``anyio.AsyncFile[str]``, of which it only
+    iterates stdin and awaits ``write`` and ``flush`` on stdout, all that :class:`Wire` and the client's lines have."""
+    return cast("anyio.AsyncFile[str]", stream)
 
 
 def _build_service(settings: Settings, profile: Profile) -> SandboxService:

@@ -6,7 +6,7 @@ package list from the verified image, so the text cannot drift from what is enfo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import WORDS
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from code_sandbox.settings import Settings
 
 
-def words(settings: Settings, info: ProfileInfo) -> dict[str, Any]:
+def words(settings: Settings, info: ProfileInfo) -> dict[str, str | int]:
     """The placeholders of every text here: the limits, the profile's names, and this server's settings."""
     return {
         **WORDS,
@@ -32,7 +32,7 @@ def words(settings: Settings, info: ProfileInfo) -> dict[str, Any]:
     }
 
 
-def package_words(settings: Settings, profile: Profile, packages: tuple[str, ...]) -> dict[str, Any]:
+def package_words(settings: Settings, profile: Profile, packages: tuple[str, ...]) -> dict[str, str | int]:
     """:func:`words` and ``{packages}``: the profile's sentence on what a program can import (the image's package
     set, shortened when long)."""
     return {**words(settings, profile.info), "packages": profile.describe_packages(shortened(packages))}

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, NamedTuple, cast
+from typing import NamedTuple
+
+from code_sandbox.jsonvalue import JSONValue, parse_json
 
 MAX_JSON_DEPTH = 64
 """How deeply a client's JSON may nest: no MCP message comes close, and the SDK's parser gives up near 200."""
@@ -49,7 +51,7 @@ def judge_line(line: bytes) -> str | Refusal | None:
     if _holds_lone_surrogate(line):
         return Refusal(PARSE_ERROR, None, "JSON with a lone surrogate")
     try:
-        message = json.loads(text, parse_constant=_no_constant)
+        message = parse_json(text)
     except (ValueError, RecursionError):
         return Refusal(PARSE_ERROR, None, "not JSON")
     problem = _envelope_problem(message)
@@ -78,10 +80,6 @@ def _too_big(line: bytes) -> bool:
     return bool(brackets)
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError("NaN and Infinity are not JSON")
-
-
 def _holds_lone_surrogate(line: bytes) -> bool:
     """Whether the JSON text ``line`` has a ``\\ud800``-style escape that names no character, even in a value that a
     repeated key replaces: the SDK's parser refuses one anywhere, and Python's takes it. Read on the text, since
@@ -92,32 +90,31 @@ def _holds_lone_surrogate(line: bytes) -> bool:
     return _SURROGATE_ESCAPE.search(_SURROGATE_PAIR.sub(b"", escapes)) is not None
 
 
-def _envelope_problem(message: object) -> str | None:
+def _envelope_problem(message: JSONValue) -> str | None:
     """What makes ``message`` no JSON-RPC 2.0 request, notification or response as MCP has them; ``None`` if
     nothing does. Extra members are let through, as the SDK ignores them."""
     if not isinstance(message, dict):
         return "JSON but not an object"
-    fields = cast(dict[str, Any], message)
-    if fields.get("jsonrpc") != "2.0":
+    if message.get("jsonrpc") != "2.0":
         return "not JSON-RPC 2.0"
-    has_id, usable_id = "id" in fields, _usable_id(fields) is not None
-    if "method" in fields:
-        if not isinstance(fields["method"], str) or not isinstance(fields.get("params"), dict | None):
+    has_id, usable_id = "id" in message, _usable_id(message) is not None
+    if "method" in message:
+        if not isinstance(message["method"], str) or not isinstance(message.get("params"), dict | None):
             return "a request or notification with a method or params of the wrong type"
         return None if usable_id or not has_id else "a request with an id of the wrong type"
-    if "result" in fields and "error" not in fields:
-        return None if usable_id and isinstance(fields["result"], dict) else "a result without an id or an object"
-    error = fields.get("error")
-    if "result" not in fields and isinstance(error, dict) and has_id and (usable_id or fields["id"] is None):
-        code, text = cast(dict[str, Any], error).get("code"), cast(dict[str, Any], error).get("message")
+    if "result" in message and "error" not in message:
+        return None if usable_id and isinstance(message["result"], dict) else "a result without an id or an object"
+    error = message.get("error")
+    if "result" not in message and isinstance(error, dict) and has_id and (usable_id or message["id"] is None):
+        code, text = error.get("code"), error.get("message")
         if isinstance(code, int) and not isinstance(code, bool) and isinstance(text, str):
             return None
     return "no request, notification or response"
 
 
-def _usable_id(message: object) -> int | str | None:
+def _usable_id(message: JSONValue) -> int | str | None:
     """The ``id`` of ``message`` if an answer can carry it: a string or an integer, as MCP requires."""
-    request_id = cast(dict[str, Any], message).get("id") if isinstance(message, dict) else None
+    request_id = message.get("id") if isinstance(message, dict) else None
     return request_id if isinstance(request_id, int | str) and not isinstance(request_id, bool) else None
 
 

