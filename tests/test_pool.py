@@ -8,15 +8,12 @@ from collections.abc import AsyncGenerator
 from functools import partial
 
 import anyio
-import anyio.to_thread
 import pytest
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
-    LABEL_OWNER,
-    LABEL_SESSION,
     PROBE_UID,
     ContainerRequest,
     user_of,
@@ -24,13 +21,12 @@ from code_sandbox.hardening import (
 from code_sandbox.pool import CLAIM_SIGNAL, POOL_MARGIN_SECONDS, POOL_RETRY_SECONDS
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import ReadyAnswer
-from code_sandbox.sessions import SessionManager, session_hash
+from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.transport import DockerTransport, Target
 from code_sandbox.workspace import write_files
 
 from tests.conftest import TEST_LABEL
-from tests.support.clock import FakeClock
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 SETTINGS = Settings(max_sessions=3, warm_pool=1)
@@ -80,47 +76,6 @@ async def test_a_warm_container_is_handed_out_once_and_the_pool_refills(
     with anyio.fail_after(30):
         await pooled_manager.wait_for_pool()
     assert warm not in pooled_manager.warm_containers  # never reused
-
-
-async def test_a_warm_container_near_the_end_of_its_pool_lifetime_is_discarded_not_handed_out(
-    engine: DockerEngine, profile: Profile, image_id: str
-) -> None:
-    clock = FakeClock()
-    manager = SessionManager(engine, profile, SETTINGS, clock=clock)
-    # The filler never wakes by itself here: only a claim looks at the warm container's age.
-    async with filled_pool(manager, retry_seconds=3600):
-        (warm,) = manager.warm_containers
-        clock.advance(USABLE_SECONDS - 1)
-        assert (await manager.create()).container_id == warm  # a second before the margin: still handed out
-        with anyio.fail_after(30):
-            await manager.wait_for_pool()
-        (stale,) = manager.warm_containers
-        clock.advance(USABLE_SECONDS)
-        session = await manager.create()
-        assert session.container_id != stale
-        assert engine.container_facts(stale) is None  # removed, not left to die by itself
-
-
-async def test_the_pool_replaces_a_warm_container_that_can_no_longer_be_handed_out(
-    engine: DockerEngine, profile: Profile, image_id: str
-) -> None:
-    clock = FakeClock()
-    manager = SessionManager(engine, profile, SETTINGS, clock=clock)
-    # The filler looks at the pool's age every 50 ms of real time instead of every few seconds.
-    async with filled_pool(manager, retry_seconds=0.05):
-        (stale,) = manager.warm_containers
-        clock.advance(USABLE_SECONDS)
-        with anyio.fail_after(30):
-            while manager.warm_containers in ((), (stale,)):  # noqa: ASYNC110
-                await anyio.sleep(0.05)
-        assert engine.container_facts(stale) is None
-
-
-async def test_shutdown_drains_the_pool(pooled_manager: SessionManager, engine: DockerEngine) -> None:
-    (warm,) = pooled_manager.warm_containers
-    await pooled_manager.shutdown()
-    assert engine.container_facts(warm) is None
-    assert pooled_manager.warm_containers == ()
 
 
 def _watchdog_container(engine: DockerEngine, profile: Profile, image_id: str, *lifetimes: int) -> str:
@@ -173,33 +128,3 @@ def test_an_unclaimed_warm_container_dies_by_itself_and_a_claim_gives_a_full_lif
     engine.signal_container(claimed, CLAIM_SIGNAL)
     stopped_at = _wait_until_stopped(engine, claimed, claimed_at + session_seconds + 3)
     assert stopped_at - claimed_at >= session_seconds - 0.5  # and it had its full session lifetime from the claim
-
-
-async def test_a_create_while_the_first_warm_container_gets_ready_waits_for_it_rather_than_starting_another(
-    engine: DockerEngine, profile: Profile, image_id: str
-) -> None:
-    manager = SessionManager(engine, profile, SETTINGS)
-    mine = f"{LABEL_OWNER}={manager.owner}"
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(manager.run_pool)
-            with anyio.fail_after(30):
-                while not (warming := await anyio.to_thread.run_sync(engine.list_containers, mine)):  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
-            assert not manager.warm_containers  # started, not ready yet: the state a server just started is in
-            session = await manager.create()
-            assert session.container_id == warming[0].id
-            group.cancel_scope.cancel()
-    finally:
-        await manager.shutdown()
-
-
-async def test_once_the_pool_was_filled_a_create_during_a_refill_starts_its_own_container(
-    pooled_manager: SessionManager, engine: DockerEngine
-) -> None:
-    (warm,) = pooled_manager.warm_containers
-    first = await pooled_manager.create()  # the pool refills from now on
-    second = await pooled_manager.create()
-    assert first.container_id == warm
-    facts = await anyio.to_thread.run_sync(engine.container_facts, second.container_id)
-    assert facts is not None and facts.labels[LABEL_SESSION] == session_hash(second.id)  # not a pool container

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,7 @@ import anyio.to_thread
 import pytest
 from code_sandbox import provisioner
 from code_sandbox.docker_engine import DockerEngine
-from code_sandbox.engine import ContainerFacts, DaemonFacts, ExecRequest
-from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.engine import ExecRequest
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
@@ -29,18 +26,16 @@ from code_sandbox.hardening import (
 )
 from code_sandbox.image import VerifiedImages, verify_image
 from code_sandbox.profile import Profile
-from code_sandbox.provisioner import require_enforcement
 from code_sandbox.seccomp import profile_text
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
-from code_sandbox.sweep import judge_container, sweep_managed
+from code_sandbox.sweep import sweep_managed
 from code_sandbox.workspace import write_files
 from code_sandbox_cli.main import app
 from typer.testing import CliRunner
 
 from tests.conftest import TEST_LABEL, WORKER_TAG
 from tests.support.clock import FakeClock
-from tests.support.forwarding_engine import ForwardingEngine
 from tests.support.images import start_container
 from tests.support.inspect import inspect_container
 from tests.support.run import command_env, worker_containers
@@ -147,23 +142,6 @@ async def test_container_settings_match_the_hardening_snapshot(
     assert session.container_id not in session.id and len(session.id) >= 43
 
 
-async def test_concurrent_creates_never_pass_the_session_cap(manager: SessionManager) -> None:
-    outcomes: list[str] = []
-
-    async def create() -> None:
-        try:
-            await manager.create()
-            outcomes.append("created")
-        except SandboxError as error:
-            outcomes.append(error.code)
-
-    async with anyio.create_task_group() as group:
-        for _ in range(6):
-            group.start_soon(create)
-    assert sorted(outcomes) == ["SESSION_LIMIT_EXCEEDED"] * 4 + ["created"] * 2
-    assert len(manager) == 2
-
-
 async def test_a_drawn_uid_that_another_container_carries_is_detected_and_drawn_again(
     manager: SessionManager, engine: DockerEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,247 +154,6 @@ async def test_a_drawn_uid_that_another_container_carries_is_detected_and_drawn_
     holders = [c.id for c in engine.list_containers(f"{LABEL_UID}={taken}")]
     assert holders == [first.container_id]  # the clashing container was removed before it ever started
     assert _node(engine, second, "console.log(process.getuid())") == f"{free}\n".encode()
-
-
-@pytest.mark.parametrize("how", ["fail_closed", "fail_closed_with"])
-async def test_a_cancel_landing_while_a_session_fails_closed_still_destroys_it(
-    manager: SessionManager, engine: DockerEngine, how: str
-) -> None:
-    session = await manager.create()
-    with anyio.CancelScope() as scope:
-        scope.cancel()  # already cancelled: every unshielded await in there would stop at once
-        if how == "fail_closed":
-            await manager.fail_closed(session)
-        else:
-            await manager.fail_closed_with(session, SandboxError(ErrorCode.SUPERVISOR_FAILED, "x"))
-    assert len(manager) == 0 and session.state != "active"
-    assert engine.container_facts(session.container_id) is None
-
-
-async def test_a_reaper_pass_while_a_session_fails_closed_does_not_change_the_reported_code(
-    manager: SessionManager, engine: DockerEngine
-) -> None:
-    # fail_closed_with watches the container for a moment to tell "it vanished" from "we destroy it"; a reaper
-    # pass meanwhile must leave the session to it, or the call would report CONTAINER_UNAVAILABLE.
-    session = await manager.create()
-    error = SandboxError(ErrorCode.INTERNAL_ERROR, "not reached")
-    async with anyio.create_task_group() as group:
-        group.start_soon(manager.run_reaper, 0.05)
-        error = await manager.fail_closed_with(session, SandboxError(ErrorCode.SUPERVISOR_FAILED, "x"))
-        group.cancel_scope.cancel()
-    assert error.code == ErrorCode.SUPERVISOR_FAILED
-    assert len(manager) == 0 and engine.container_facts(session.container_id) is None
-
-
-def test_an_engine_without_seccomp_or_linux_containers_is_refused() -> None:
-    for facts in (
-        DaemonFacts(architecture="x86_64", os_type="linux", apparmor=False, seccomp=False),
-        DaemonFacts(architecture="x86_64", os_type="windows", apparmor=False, seccomp=True),
-    ):
-        # A daemon cannot be switched to these modes on demand, so the rule is checked on the facts it reports.
-        with pytest.raises(SandboxError) as caught:
-            require_enforcement(facts)
-        assert caught.value.code == ErrorCode.CONTAINER_UNAVAILABLE
-    require_enforcement(DaemonFacts(architecture="x86_64", os_type="linux", apparmor=False, seccomp=True))
-
-
-async def test_session_cap_is_enforced_and_destroy_is_idempotent(manager: SessionManager) -> None:
-    first = await manager.create()
-    await manager.create()
-    with pytest.raises(SandboxError) as caught:
-        await manager.create()
-    assert caught.value.code == ErrorCode.SESSION_LIMIT_EXCEEDED
-    assert await manager.destroy(first.id) is True
-    assert await manager.destroy(first.id) is False
-    assert await manager.destroy("never-existed") is False
-    await manager.create()  # the slot is free again
-
-
-async def test_an_idle_session_expires_and_its_container_goes(
-    manager: SessionManager, engine: DockerEngine, settings: Settings, clock: FakeClock
-) -> None:
-    session = await manager.create()
-    clock.advance(settings.idle_timeout - 1)
-    async with manager.lease(session.id):  # not idle long enough yet; this use starts the idle time again
-        pass
-    clock.advance(settings.idle_timeout)  # idle since that use, still inside the lifetime
-    assert clock.now < session.deadline
-    with pytest.raises(SandboxError) as caught:
-        async with manager.lease(session.id):
-            pass
-    assert caught.value.code == ErrorCode.SESSION_EXPIRED
-    assert engine.container_facts(session.container_id) is None
-    with pytest.raises(SandboxError) as again:
-        async with manager.lease(session.id):
-            pass
-    assert again.value.code == ErrorCode.INVALID_SESSION
-
-
-async def test_a_session_in_constant_use_still_expires_at_its_lifetime(
-    manager: SessionManager, engine: DockerEngine, settings: Settings, clock: FakeClock
-) -> None:
-    session = await manager.create()
-    for _ in range(3):
-        async with manager.lease(session.id):
-            pass
-        clock.advance(settings.max_lifetime / 3)  # never idle as long as the idle timeout
-    with pytest.raises(SandboxError) as caught:
-        async with manager.lease(session.id):
-            pass
-    assert caught.value.code == ErrorCode.SESSION_EXPIRED
-    assert engine.container_facts(session.container_id) is None
-
-
-async def test_the_reaper_removes_expired_sessions(
-    manager: SessionManager, engine: DockerEngine, settings: Settings, clock: FakeClock
-) -> None:
-    session = await manager.create()
-    clock.advance(settings.idle_timeout - 1)
-    assert await manager.reap_once() == 0
-    assert engine.container_facts(session.container_id) is not None
-    clock.advance(1)
-    assert await manager.reap_once() == 1
-    assert len(manager) == 0
-    assert engine.container_facts(session.container_id) is None
-
-
-class FlakyRemoval(ForwardingEngine):
-    """The real engine; removal fails on demand (Docker cannot be made to fail one removal)."""
-
-    def __init__(self, engine: DockerEngine, failures: int) -> None:
-        super().__init__(engine)
-        self.failures = failures
-        self.attempts = 0
-
-    def remove_container(self, container_id: str) -> bool:
-        self.attempts += 1
-        if self.failures > 0:
-            self.failures -= 1
-            raise SandboxError(ErrorCode.CONTAINER_REMOVAL_FAILED, "injected")
-        return super().remove_container(container_id)
-
-
-async def test_a_failed_removal_is_kept_and_retried_by_destroy_and_by_the_reaper(
-    manager: SessionManager, engine: DockerEngine
-) -> None:
-    flaky = FlakyRemoval(engine, failures=0)
-    manager.engine = flaky
-    session = await manager.create()
-    flaky.failures, flaky.attempts = 2, 0
-    with pytest.raises(SandboxError) as caught:
-        await manager.destroy(session.id)
-    assert caught.value.code == ErrorCode.CONTAINER_REMOVAL_FAILED
-    assert len(manager) == 1  # not forgotten
-    with pytest.raises(SandboxError) as refused:
-        async with manager.lease(session.id):
-            pass
-    assert refused.value.code == ErrorCode.INVALID_SESSION  # disabled while destroying
-    assert await manager.reap_once() == 0  # the reaper retried and failed again
-    assert flaky.attempts == 2 and len(manager) == 1
-    assert engine.container_facts(session.container_id) is not None
-    assert await manager.destroy(session.id) is False  # a second destroy retries and now succeeds
-    assert flaky.attempts == 3 and len(manager) == 0
-    assert engine.container_facts(session.container_id) is None
-
-
-class HeldCreate(ForwardingEngine):
-    """The real engine; container creation waits until the test lets it go, then fails if told to (Docker cannot be
-    made to hold one create open)."""
-
-    def __init__(self, engine: DockerEngine, *, failure: SandboxError | None = None) -> None:
-        super().__init__(engine)
-        self.failure = failure
-        self.entered = threading.Event()
-        self.go = threading.Event()
-
-    def create_container(
-        self, request: ContainerRequest, *, start: bool = True, before_start: Callable[[str], None] | None = None
-    ) -> str:
-        self.entered.set()
-        if not self.go.wait(30):
-            raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "the test never let the create go")
-        if self.failure is not None:
-            raise self.failure
-        return super().create_container(request, start=start, before_start=before_start)
-
-
-async def _entered(held: HeldCreate) -> None:
-    with anyio.fail_after(30):
-        while not held.entered.is_set():  # noqa: ASYNC110
-            await anyio.sleep(0.01)
-
-
-async def test_a_session_being_created_holds_its_slot_and_nothing_else_touches_it(
-    manager: SessionManager, engine: DockerEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    held = HeldCreate(engine)
-    manager.engine = held
-
-    def the_known_id(nbytes: int | None = None) -> str:  # a client learns it only when the create returns
-        del nbytes
-        return "being-created"
-
-    monkeypatch.setattr(secrets, "token_urlsafe", the_known_id)
-    created: list[Session] = []
-
-    async def create() -> None:
-        created.append(await manager.create())
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(create)
-        try:
-            await _entered(held)
-            assert len(manager) == 1  # counted against the cap
-            # Its deadline is 0, so to the reaper it looks expired; it has no container that anything could remove.
-            assert await manager.reap_once() == 0
-            assert await manager.destroy("being-created") is False
-            assert manager.retire("being-created") is None
-            with pytest.raises(SandboxError) as caught:
-                async with manager.lease("being-created"):
-                    pass
-            assert caught.value.code == ErrorCode.INVALID_SESSION
-            assert len(manager) == 1
-        finally:
-            held.go.set()
-    (session,) = created
-    assert (session.id, session.state, len(manager)) == ("being-created", "active", 1)
-    assert engine.container_facts(session.container_id) is not None
-
-
-@pytest.mark.parametrize("how", ["cancelled", "failed"])
-async def test_a_create_that_is_cancelled_or_fails_leaves_neither_a_placeholder_nor_a_container(
-    manager: SessionManager, engine: DockerEngine, how: str
-) -> None:
-    before = {c.id for c in worker_containers(engine)}
-    held = HeldCreate(engine, failure=SandboxError(ErrorCode.CONTAINER_START_FAILED, "x") if how == "failed" else None)
-    manager.engine = held
-    refused: list[str] = []
-
-    async def create() -> None:
-        try:
-            await manager.create()
-        except SandboxError as error:
-            refused.append(error.code)
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(create)
-        try:
-            await _entered(held)
-            assert len(manager) == 1
-            if how == "cancelled":
-                group.cancel_scope.cancel()  # lands while the container is being made: it is made, then removed
-        finally:
-            held.go.set()
-    assert refused == ([ErrorCode.CONTAINER_START_FAILED] if how == "failed" else [])
-    assert len(manager) == 0
-    assert {c.id for c in worker_containers(engine)} == before
-
-
-async def test_shutdown_removes_every_session(manager: SessionManager, engine: DockerEngine) -> None:
-    sessions = [await manager.create(), await manager.create()]
-    await manager.shutdown()
-    assert len(manager) == 0
-    assert all(engine.container_facts(s.container_id) is None for s in sessions)
 
 
 async def test_a_blocked_call_in_one_session_does_not_delay_another(
@@ -487,37 +224,6 @@ def test_sweep_keeps_a_container_that_another_server_is_still_creating(engine: D
     container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)}, start=False)
     sweep_managed(engine, max_lifetime=600, tag=WORKER_TAG)
     assert engine.container_facts(container) is not None
-
-
-def test_sweep_removes_an_expired_running_container(engine: DockerEngine, image_id: str) -> None:
-    container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) - 1)})
-    sweep_managed(engine, max_lifetime=600, tag=WORKER_TAG)
-    assert engine.container_facts(container) is None
-
-
-def test_sweep_keeps_an_unexpired_running_container(engine: DockerEngine, image_id: str) -> None:
-    container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: str(int(time.time()) + 600)})
-    sweep_managed(engine, max_lifetime=600, tag=WORKER_TAG)
-    assert engine.container_facts(container) is not None
-
-
-def test_sweep_removes_an_unlabelled_container_older_than_the_lifetime(engine: DockerEngine, image_id: str) -> None:
-    container = _managed_container(engine, image_id, {LABEL_EXPIRES_AT: "soon"})
-    sweep_managed(engine, max_lifetime=0, tag=WORKER_TAG)  # created before now: older than a lifetime of 0
-    assert engine.container_facts(container) is None
-
-
-def test_sweep_keeps_an_unlabelled_container_younger_than_the_lifetime(engine: DockerEngine, image_id: str) -> None:
-    container = _managed_container(engine, image_id, {})
-    sweep_managed(engine, max_lifetime=600, tag=WORKER_TAG)
-    assert engine.container_facts(container) is not None
-
-
-def test_sweep_keeps_an_unlabelled_container_whose_creation_time_is_unknown() -> None:
-    # Docker always reports a creation time, so this branch is judged on facts it could not produce.
-    facts = ContainerFacts(id="x", labels={LABEL_MANAGED: "true"}, state="running", created=None)
-    verdict = judge_container(facts, max_lifetime=30, now=time.time())
-    assert verdict.remove is False
 
 
 def test_reap_dry_run_changes_nothing_and_reap_removes_only_the_expired_of_its_tag(
@@ -637,10 +343,3 @@ async def test_a_sandbox_not_from_the_pool_has_its_channel_opened_before_its_fir
         while not any(command.endswith("--channel") for command in await anyio.to_thread.run_sync(commands)):  # noqa: ASYNC110
             await anyio.sleep(0.05)
     assert await write_files(manager, session.id, [("a.txt", "x")], overwrite=False) == ["written"]
-
-
-async def test_a_manager_that_shut_down_starts_no_more_sandboxes(manager: SessionManager) -> None:
-    await manager.shutdown()
-    with pytest.raises(SandboxError) as caught:
-        await manager.create()
-    assert caught.value.code == ErrorCode.CONTAINER_UNAVAILABLE and len(manager) == 0

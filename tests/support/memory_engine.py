@@ -95,6 +95,16 @@ class MemoryEngine:
         self.verified_images.add((profile.name, image_id))
         return facts
 
+    def add_container(self, labels: Mapping[str, str], *, state: str = "running", created: float | None = None) -> str:
+        """A container someone else made (another server, a crashed one)."""
+        request = ContainerRequest("sha256:" + "0" * 64, ["watchdog"], dict(labels), apparmor=False)
+        container = MemoryContainer(f"{next(self._ids):064x}", request, dict(labels), self.clock(), state)
+        if created is not None:
+            container.created = created
+        with self._lock:
+            self.containers[container.id] = container
+        return container.id
+
     def fail(self, call: Call, error: BaseException, *, times: int = 1) -> None:
         """The next ``times`` calls of ``call`` raise ``error`` instead of doing anything."""
         self._failures.setdefault(call, []).extend([error] * times)
