@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
+from code_sandbox.channel_transport import CLOSED_KEPT, ChannelTransport, read_answer
 from code_sandbox.docker_engine.streams import HeldExec
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import SURVEY_RETRY_PAUSES, RunResult, run_program
@@ -25,7 +26,7 @@ from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import Refusal, RunAnswer, RunRequest, SurveyAnswer
 from code_sandbox.relay import LAST_LINE_CHARS, LastLine
-from code_sandbox.transport import CLOSED_KEPT, ChannelTransport, HelperCrash, StderrSink, Target, read_answer
+from code_sandbox.transport import HelperCrash, StderrSink, Target
 from code_sandbox.workspace import (
     PICTURE_MAX_BYTES,
     ReadResult,

@@ -14,7 +14,7 @@ from code_sandbox.hardening import PROBE_UID, ContainerRequest, Hardening, user_
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import InventoryAnswer, InventoryRequest, Refusal, RunRequest
 from code_sandbox.sessions import Session, SessionManager
-from code_sandbox.transport import DockerTransport, Target
+from code_sandbox.transport import HelperExecs, Target
 from code_sandbox.workspace import read_file
 
 from tests.conftest import TEST_LABEL, WORKER_TAG
@@ -91,7 +91,9 @@ def test_a_fifo_in_the_workspace_is_refused_by_the_file_helper(
     container_id = engine.create_container(request)
     try:
         target = Target(container_id, user_of(PROBE_UID))
-        answer = DockerTransport(engine, profile).files(target, InventoryRequest(), InventoryAnswer, timeout=30)
+        answer = HelperExecs(engine, profile).call(
+            target, "files", ["inventory"], InventoryAnswer, request=InventoryRequest(), timeout=30
+        )
     finally:
         engine.remove_container(container_id)
         untag_image(engine, tag)

@@ -23,7 +23,7 @@ from code_sandbox.profile import Profile
 from code_sandbox.protocol import ReadyAnswer
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
-from code_sandbox.transport import DockerTransport, Target
+from code_sandbox.transport import HelperExecs, Target
 from code_sandbox.workspace import write_files
 
 from tests.conftest import TEST_LABEL
@@ -90,7 +90,7 @@ def _watchdog_container(engine: DockerEngine, profile: Profile, image_id: str, *
 
 def _wait_until_ready(engine: DockerEngine, profile: Profile, container: str) -> None:
     """Poll until the container's watchdog can take its claim signal (as the pool does before handing it out)."""
-    transport, target = DockerTransport(engine, profile), Target(container, user_of(PROBE_UID))
+    transport, target = HelperExecs(engine, profile), Target(container, user_of(PROBE_UID))
     bound = time.monotonic() + 10
     while True:
         answer = transport.watchdog_ready(target, timeout=5)

@@ -25,6 +25,7 @@ from typing import Any, cast
 import anyio
 import anyio.to_thread
 import pytest
+from code_sandbox.channel_transport import ChannelTransport
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine
 from code_sandbox.hardening import (
@@ -41,7 +42,7 @@ from code_sandbox.profile import Profile
 from code_sandbox.protocol import ExecuteAnswer, ExecuteRequest, Refusal
 from code_sandbox.server import SandboxServer
 from code_sandbox.settings import load_settings
-from code_sandbox.transport import ChannelTransport, StderrSink, Target
+from code_sandbox.transport import StderrSink, Target
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, ImageContent, TextContent, Tool

@@ -14,7 +14,7 @@ from code_sandbox.paths import validate_path
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import DigestAnswer, DigestRequest, Refusal
 from code_sandbox.sessions import Session, SessionManager
-from code_sandbox.transport import DockerTransport, Target
+from code_sandbox.transport import HelperExecs, Target
 from code_sandbox.workspace import (
     delete_files,
     digest_file,
@@ -220,7 +220,7 @@ def _helper_verdict(engine: Engine, profile: Profile, session: Session, path: st
     # Unvalidated on purpose: the helper must refuse what the host's model (and validator) would never send.
     request = DigestRequest.model_construct(path=path)
     target = Target(session.container_id, session.user)
-    answer = DockerTransport(engine, profile).files(target, request, DigestAnswer, timeout=30)
+    answer = HelperExecs(engine, profile).call(target, "files", ["digest"], DigestAnswer, request=request, timeout=30)
     return "ok" if not isinstance(answer, Refusal) or answer.code == "NOT_FOUND" else answer.code
 
 

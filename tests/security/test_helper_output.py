@@ -10,18 +10,22 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from functools import partial
 
+import anyio
+import anyio.to_thread
 import pytest
 from code_sandbox.engine import ExecRequest, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import SUPERVISOR_USER
+from code_sandbox.protocol import KillAllAnswer
 from code_sandbox.relay import PROGRESS_BURST, UpdateBudget
 from code_sandbox.sessions import Session, SessionManager
-from code_sandbox.transport import StderrSink
+from code_sandbox.transport import HelperCrash, HelperExecs, StderrSink, Target
 from code_sandbox.workspace import list_files, write_files
 
-from tests.support.edited_transport import EditedExecTransport, EditedTransport, LineEdit, install, is_run
+from tests.support.edited_transport import EditedTransport, LineEdit, edited_execs, install, is_kill_all
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
@@ -87,12 +91,14 @@ async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionMan
     def nonzero_exit(_argv: list[str], result: ExecResult, _on_stderr: StderrSink | None) -> ExecResult:
         return ExecResult(1, result.stdout, result.stderr)
 
-    # The exec form: the one place a helper has an exit code of its own.
-    install(manager, EditedExecTransport(manager.engine, manager.profile, is_run, nonzero_exit))
-    with pytest.raises(SandboxError) as caught:
-        await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
-    assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
-    assert len(manager) == 0
+    # The exec form (the kill-all, the watchdog check): the one place a helper has an exit code of its own.
+    execs = edited_execs(manager.engine, manager.profile, is_kill_all, nonzero_exit)
+    target = Target(session.container_id, session.user)
+    with pytest.raises(HelperCrash) as caught:
+        await anyio.to_thread.run_sync(partial(execs.kill_all, target, timeout=30))
+    assert caught.value.cause == "exit code 1, 1 answer line(s)"
+    honest = HelperExecs(manager.engine, manager.profile)
+    assert isinstance(await anyio.to_thread.run_sync(partial(honest.kill_all, target, timeout=30)), KillAllAnswer)
 
 
 @pytest.mark.parametrize(

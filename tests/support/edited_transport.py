@@ -2,7 +2,7 @@
 demand (a garbled answer, a flood of lines), injected at the bytes the host parses, around a real container.
 
 :class:`EditedTransport` edits answers on the session's channel (file operations and runs, as the server sends
-them); :class:`EditedExecTransport` edits exec results (the exec form, where an exit code exists). Both edit at the
+them); :func:`edited_execs` edits exec results (the exec form, where an exit code exists). Both edit at the
 engine boundary (:class:`~tests.support.forwarding_engine.EditedEngine`). Install either with :func:`install`, which
 closes the channels the manager's previous transport held.
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from code_sandbox.channel_transport import ChannelTransport
 from code_sandbox.engine import Engine
 from code_sandbox.profile import Profile
 from code_sandbox.sessions import SessionManager
-from code_sandbox.transport import ChannelTransport, DockerTransport, Transport
+from code_sandbox.transport import HelperExecs, Transport
 
 from tests.support.forwarding_engine import EditedEngine, ExecEdit, LineEdit
 
@@ -32,11 +33,9 @@ class EditedTransport(ChannelTransport):
         return self.edited.operations
 
 
-class EditedExecTransport(DockerTransport):
-    """The exec transport; every exec whose argv ``match`` accepts gets its result edited."""
-
-    def __init__(self, engine: Engine, profile: Profile, match: Callable[[list[str]], bool], edit: ExecEdit) -> None:
-        super().__init__(EditedEngine(engine, exec_match=match, exec_edit=edit), profile)
+def edited_execs(engine: Engine, profile: Profile, match: Callable[[list[str]], bool], edit: ExecEdit) -> HelperExecs:
+    """The exec form of helper calls; every exec whose argv ``match`` accepts gets its result edited."""
+    return HelperExecs(EditedEngine(engine, exec_match=match, exec_edit=edit), profile)
 
 
 def install(manager: SessionManager, transport: Transport) -> None:
@@ -45,6 +44,6 @@ def install(manager: SessionManager, transport: Transport) -> None:
     manager.transport = transport
 
 
-def is_run(argv: list[str]) -> bool:
-    """A run in the exec form (``runner -``), not ``--kill-all``, ``--survey`` or ``--watchdog-ready``."""
-    return any(arg.endswith("runner.mjs") for arg in argv) and argv[-1] == "-"
+def is_kill_all(argv: list[str]) -> bool:
+    """The runner's kill-all (``runner --kill-all``), an exec of its own."""
+    return any(arg.endswith("runner.mjs") for arg in argv) and argv[-1] == "--kill-all"

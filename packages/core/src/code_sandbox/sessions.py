@@ -20,6 +20,7 @@ import anyio
 import anyio.lowlevel
 
 from code_sandbox.channel import Channel
+from code_sandbox.channel_transport import ChannelTransport
 from code_sandbox.engine import Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import user_of
@@ -28,7 +29,7 @@ from code_sandbox.pool import POOL_RETRY_SECONDS, WarmPool
 from code_sandbox.profile import Profile
 from code_sandbox.provisioner import Provisioned, Provisioner, run_sync
 from code_sandbox.settings import Settings
-from code_sandbox.transport import ChannelTransport, Target, Transport
+from code_sandbox.transport import Target, Transport
 
 logger = logging.getLogger(__name__)
 
