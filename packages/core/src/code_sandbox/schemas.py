@@ -20,11 +20,13 @@ from code_sandbox.limits import (
     MAX_FILE_BYTES,
     MAX_FILES_PER_CALL,
     MAX_LIST_DEPTH,
+    MAX_PATH_BYTES,
+    MAX_PATH_DEPTH,
     WORDS,
 )
+from code_sandbox.protocol import DeleteOutcome, WorkspacePath, WriteStatus
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{43}$"
-MAX_PATH_CHARS = 1024
 
 
 class StrictInput(BaseModel):
@@ -44,25 +46,25 @@ SessionId = Annotated[
         max_length=43,
     ),
 ]
-WorkspacePath = Annotated[
-    str,
+PathInput = Annotated[
+    WorkspacePath,
     Field(
         description=(
             "A path relative to the workspace root, with '/' separators, e.g. 'data/input.txt'. No absolute paths, "
             "'..', '.', empty components, drive letters, ':' or a leading '-'; no control, invisible (bidi, "
-            "zero-width), line-separator, private-use or unassigned characters. At most 1024 bytes and 20 levels."
-        ),
-        min_length=1,
-        max_length=MAX_PATH_CHARS,
+            "zero-width), line-separator, private-use or unassigned characters. "
+            f"At most {MAX_PATH_BYTES} bytes and {MAX_PATH_DEPTH} levels."
+        )
     ),
 ]
+"""A path argument: the helper protocol's path, its bound (:data:`MAX_PATH_BYTES`) in the schema, described."""
 
 
 Encoding = Literal["utf-8", "base64"]
 
 
 class FileInput(StrictInput):
-    path: WorkspacePath
+    path: PathInput
     content: Annotated[
         str,
         Field(
@@ -132,7 +134,7 @@ class ListFilesInput(StrictInput):
         description="The directory to list, relative to the workspace root; '.' (the default) is the root. "
         "The same rules as every path: no control or invisible characters.",
         min_length=1,
-        max_length=MAX_PATH_CHARS,
+        max_length=MAX_PATH_BYTES,
     )
     recursive: bool = Field(default=True, description="Descend into subdirectories (up to max_depth).")
     max_depth: int = Field(
@@ -145,7 +147,7 @@ class ListFilesInput(StrictInput):
 
 class ReadFileInput(StrictInput):
     session_id: SessionId
-    path: WorkspacePath
+    path: PathInput
     max_bytes: int = Field(
         default=DEFAULT_READ_BYTES,
         ge=1,
@@ -163,7 +165,7 @@ class ReadFileInput(StrictInput):
 
 class DeleteFilesInput(StrictInput):
     session_id: SessionId
-    paths: list[WorkspacePath] = Field(
+    paths: list[PathInput] = Field(
         description=f"1 to {MAX_FILES_PER_CALL} regular files to delete. Directories and the workspace root cannot "
         "be deleted.",
         min_length=1,
@@ -244,7 +246,7 @@ def run_input_models(
             description=f"The file to run, relative to the workspace root, ending in {suffixes}; e.g. "
             f"'{example_entrypoint}'. The same rules as every path: no control or invisible characters.",
             min_length=1,
-            max_length=MAX_PATH_CHARS,
+            max_length=MAX_PATH_BYTES,
         ),
     )
     arguments: Any = (
@@ -281,7 +283,7 @@ class CreateSandboxOutput(Output):
 
 class FileStatus(Output):
     path: str = Field(description="The normalised path.")
-    status: Literal["written", "overwritten", "exists"] = Field(
+    status: WriteStatus = Field(
         description="written: created; overwritten: replaced; exists: already there and left as it was."
     )
 
@@ -319,7 +321,7 @@ class ReadFileOutput(Output):
 
 class DeleteStatus(Output):
     path: str
-    status: Literal["deleted", "missing", "not_a_file"] = Field(
+    status: DeleteOutcome = Field(
         description="deleted; missing: there was no such file; not_a_file: a directory or other non-file, left alone."
     )
 

@@ -34,8 +34,8 @@ from code_sandbox.paths import validate_path
 from code_sandbox.pictures import picture_type
 from code_sandbox.protocol import (
     DeleteAnswer,
+    DeleteOutcome,
     DeleteRequest,
-    DeleteStatus,
     DigestAnswer,
     DigestRequest,
     ListAnswer,
@@ -243,7 +243,7 @@ def _read_bytes(answer: ReadAnswer, max_bytes: int) -> bytes | None:
     return data if whole or cut else None
 
 
-async def delete_files(sandboxes: Sandboxes, session_id: str, paths: Sequence[str]) -> list[DeleteStatus]:
+async def delete_files(sandboxes: Sandboxes, session_id: str, paths: Sequence[str]) -> list[DeleteOutcome]:
     """Delete regular files; a missing file is reported for its path without failing the call."""
     if not 1 <= len(paths) <= MAX_FILES_PER_CALL:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"delete between 1 and {MAX_FILES_PER_CALL} paths per call")
