@@ -31,12 +31,12 @@ from code_sandbox.workspace import (
     PICTURE_MAX_BYTES,
     ReadResult,
     delete_files,
-    digest_file,
     list_files,
     read_file,
     write_files,
 )
 
+from tests.support.digest import digest_file
 from tests.support.memory_transport import MemorySandboxes, run_answer
 
 pytestmark = pytest.mark.anyio

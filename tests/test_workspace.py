@@ -15,15 +15,11 @@ from code_sandbox.profile import Profile
 from code_sandbox.protocol import DigestAnswer, DigestRequest, Refusal
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.transport import DockerTransport, Target
-from code_sandbox.workspace import (
-    delete_files,
-    digest_file,
-    list_files,
-    read_file,
-    write_files,
-)
+from code_sandbox.workspace import delete_files, list_files, read_file, write_files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.support.digest import digest_file
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
