@@ -153,10 +153,10 @@ async def core_api(iterations: int, warm_pool: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {"create": [], "run hello": [], "cleanup survey": [], "destroy": []}
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.run_pool)
+            group.start_soon(manager.pool.run)
             await manager.create()  # the first create verifies the image once
             for _ in range(iterations):
-                await manager.wait_for_pool()
+                await manager.pool.wait_for_pool()
                 session = await atimed(samples["create"], manager.create())
                 await write_files(manager, session.id, [("index.js", "console.log('hello')")], overwrite=False)
                 await atimed(

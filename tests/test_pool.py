@@ -45,9 +45,9 @@ async def filled_pool(
     """Run the manager's pool filler until the pool is full and the block ends; then shut the manager down."""
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(partial(manager.run_pool, retry_seconds))
+            group.start_soon(partial(manager.pool.run, retry_seconds))
             with anyio.fail_after(30):
-                await manager.wait_for_pool()
+                await manager.pool.wait_for_pool()
             yield manager
             group.cancel_scope.cancel()
     finally:
@@ -63,23 +63,23 @@ async def pooled_manager(engine: DockerEngine, profile: Profile, image_id: str) 
 async def test_a_warm_container_is_handed_out_once_and_the_pool_refills(
     pooled_manager: SessionManager, engine: DockerEngine
 ) -> None:
-    (warm,) = pooled_manager.warm_containers
+    (warm,) = pooled_manager.pool.warm_containers
     session = await pooled_manager.create()
     assert session.container_id == warm
     # The claim reached a watchdog that was ready for it: the container serves the session.
     await write_files(pooled_manager, session.id, [("a.js", "console.log(1)")], overwrite=False)
     assert (await run_entrypoint(pooled_manager, session.id, "a.js", [], timeout_seconds=5)).stdout == "1\n"
     with anyio.fail_after(30):
-        await pooled_manager.wait_for_pool()
-    (refill,) = pooled_manager.warm_containers
+        await pooled_manager.pool.wait_for_pool()
+    (refill,) = pooled_manager.pool.warm_containers
     assert refill != warm
     second = await pooled_manager.create()
     assert second.container_id == refill
     assert await pooled_manager.destroy(session.id) is True
     assert engine.container_facts(warm) is None
     with anyio.fail_after(30):
-        await pooled_manager.wait_for_pool()
-    assert warm not in pooled_manager.warm_containers  # never reused
+        await pooled_manager.pool.wait_for_pool()
+    assert warm not in pooled_manager.pool.warm_containers  # never reused
 
 
 async def test_a_warm_container_near_the_end_of_its_pool_lifetime_is_discarded_not_handed_out(
@@ -89,12 +89,12 @@ async def test_a_warm_container_near_the_end_of_its_pool_lifetime_is_discarded_n
     manager = SessionManager(engine, profile, SETTINGS, clock=clock)
     # The filler never wakes by itself here: only a claim looks at the warm container's age.
     async with filled_pool(manager, retry_seconds=3600):
-        (warm,) = manager.warm_containers
+        (warm,) = manager.pool.warm_containers
         clock.advance(USABLE_SECONDS - 1)
         assert (await manager.create()).container_id == warm  # a second before the margin: still handed out
         with anyio.fail_after(30):
-            await manager.wait_for_pool()
-        (stale,) = manager.warm_containers
+            await manager.pool.wait_for_pool()
+        (stale,) = manager.pool.warm_containers
         clock.advance(USABLE_SECONDS)
         session = await manager.create()
         assert session.container_id != stale
@@ -108,19 +108,19 @@ async def test_the_pool_replaces_a_warm_container_that_can_no_longer_be_handed_o
     manager = SessionManager(engine, profile, SETTINGS, clock=clock)
     # The filler looks at the pool's age every 50 ms of real time instead of every few seconds.
     async with filled_pool(manager, retry_seconds=0.05):
-        (stale,) = manager.warm_containers
+        (stale,) = manager.pool.warm_containers
         clock.advance(USABLE_SECONDS)
         with anyio.fail_after(30):
-            while manager.warm_containers in ((), (stale,)):  # noqa: ASYNC110
+            while manager.pool.warm_containers in ((), (stale,)):  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         assert engine.container_facts(stale) is None
 
 
 async def test_shutdown_drains_the_pool(pooled_manager: SessionManager, engine: DockerEngine) -> None:
-    (warm,) = pooled_manager.warm_containers
+    (warm,) = pooled_manager.pool.warm_containers
     await pooled_manager.shutdown()
     assert engine.container_facts(warm) is None
-    assert pooled_manager.warm_containers == ()
+    assert pooled_manager.pool.warm_containers == ()
 
 
 def _watchdog_container(engine: DockerEngine, profile: Profile, image_id: str, *lifetimes: int) -> str:
@@ -179,14 +179,14 @@ async def test_a_create_while_the_first_warm_container_gets_ready_waits_for_it_r
     engine: DockerEngine, profile: Profile, image_id: str
 ) -> None:
     manager = SessionManager(engine, profile, SETTINGS)
-    mine = f"{LABEL_OWNER}={manager.owner}"
+    mine = f"{LABEL_OWNER}={manager.provisioner.owner}"
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.run_pool)
+            group.start_soon(manager.pool.run)
             with anyio.fail_after(30):
                 while not (warming := await anyio.to_thread.run_sync(engine.list_containers, mine)):  # noqa: ASYNC110
                     await anyio.sleep(0.01)
-            assert not manager.warm_containers  # started, not ready yet: the state a server just started is in
+            assert not manager.pool.warm_containers  # started, not ready yet: the state a server just started is in
             session = await manager.create()
             assert session.container_id == warming[0].id
             group.cancel_scope.cancel()
@@ -197,7 +197,7 @@ async def test_a_create_while_the_first_warm_container_gets_ready_waits_for_it_r
 async def test_once_the_pool_was_filled_a_create_during_a_refill_starts_its_own_container(
     pooled_manager: SessionManager, engine: DockerEngine
 ) -> None:
-    (warm,) = pooled_manager.warm_containers
+    (warm,) = pooled_manager.pool.warm_containers
     first = await pooled_manager.create()  # the pool refills from now on
     second = await pooled_manager.create()
     assert first.container_id == warm

@@ -137,7 +137,7 @@ async def test_container_settings_match_the_hardening_snapshot(
     labels = config["Labels"]
     assert labels["io.code-sandbox.managed"] == "true"
     assert labels["io.code-sandbox.profile"] == "javascript-offline"
-    assert labels["io.code-sandbox.owner"] == manager.owner
+    assert labels["io.code-sandbox.owner"] == manager.provisioner.owner
     assert labels["io.code-sandbox.runtime"] == "runc"
     # the lifetime, the watchdog grace and a margin of one engine timeout (the start may lag the label)
     assert abs(int(labels[LABEL_EXPIRES_AT]) - (time.time() + 62 + engine.timeout)) < 5
@@ -299,7 +299,7 @@ async def test_a_failed_removal_is_kept_and_retried_by_destroy_and_by_the_reaper
     manager: SessionManager, engine: DockerEngine
 ) -> None:
     flaky = FlakyRemoval(engine, failures=0)
-    manager.engine = flaky
+    manager.provisioner.engine = flaky
     session = await manager.create()
     flaky.failures, flaky.attempts = 2, 0
     with pytest.raises(SandboxError) as caught:
@@ -350,7 +350,7 @@ async def test_a_session_being_created_holds_its_slot_and_nothing_else_touches_i
     manager: SessionManager, engine: DockerEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     held = HeldCreate(engine)
-    manager.engine = held
+    manager.provisioner.engine = held
 
     def the_known_id(nbytes: int | None = None) -> str:  # a client learns it only when the create returns
         del nbytes
@@ -389,7 +389,7 @@ async def test_a_create_that_is_cancelled_or_fails_leaves_neither_a_placeholder_
 ) -> None:
     before = {c.id for c in worker_containers(engine)}
     held = HeldCreate(engine, failure=SandboxError(ErrorCode.CONTAINER_START_FAILED, "x") if how == "failed" else None)
-    manager.engine = held
+    manager.provisioner.engine = held
     refused: list[str] = []
 
     async def create() -> None:

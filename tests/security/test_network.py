@@ -149,5 +149,5 @@ console.log(JSON.stringify({ names, asked }));
     assert outcome["names"] in ([], ["lo"])
     refused = "A system error occurred: uv_interface_addresses returned Unknown system error 1"
     assert outcome["asked"] in ([], ["lo"]) or outcome["asked"].startswith(refused), outcome
-    inspect = inspect_container(shared.manager.engine, shared.session.container_id)
+    inspect = inspect_container(shared.manager.provisioner.engine, shared.session.container_id)
     assert inspect["HostConfig"]["NetworkMode"] == "none"

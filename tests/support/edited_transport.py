@@ -74,8 +74,8 @@ class EditedExecTransport(DockerTransport):
 
 def install(manager: SessionManager, transport: Transport) -> None:
     """Make ``transport`` the manager's, closing what the previous one held (its sandboxes' channels)."""
-    manager.transport.close_all()
-    manager.transport = transport
+    manager.provisioner.transport.close_all()
+    manager.provisioner.transport = transport
 
 
 def is_run(argv: list[str]) -> bool:

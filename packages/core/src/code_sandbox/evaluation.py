@@ -63,7 +63,7 @@ async def evaluate_code(
     output: OutputSink | None = None,
 ) -> Evaluation:
     """Evaluate ``code`` in the session's context and prove that nothing but the paused context outlived it."""
-    settings = manager.settings
+    settings = manager.provisioner.settings
     timeout = settings.default_timeout if timeout_seconds is None else timeout_seconds
     if not 1 <= timeout <= settings.max_timeout:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")

@@ -105,12 +105,12 @@ def prepare_program(
     manager: SessionManager, entrypoint: str, arguments: Sequence[str], *, timeout_seconds: int | None
 ) -> Program:
     """Check a run's entrypoint, arguments and timeout before any sandbox is touched."""
-    settings = manager.settings
+    settings = manager.provisioner.settings
     timeout = settings.default_timeout if timeout_seconds is None else timeout_seconds
     if not 1 <= timeout <= settings.max_timeout:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")
-    path = validate_entrypoint(entrypoint, manager.profile.info.entrypoint_suffixes)
-    return Program(path, manager.profile.build_run_argv(path, validate_arguments(arguments)), timeout)
+    path = validate_entrypoint(entrypoint, manager.provisioner.profile.info.entrypoint_suffixes)
+    return Program(path, manager.provisioner.profile.build_run_argv(path, validate_arguments(arguments)), timeout)
 
 
 async def run_entrypoint(

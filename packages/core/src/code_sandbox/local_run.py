@@ -96,7 +96,7 @@ async def run_local(
     output: OutputSink,
 ) -> RunResult:
     """Create a sandbox, copy the files in from memory, run, stream output, and destroy the sandbox."""
-    info = manager.profile.info
+    info = manager.provisioner.profile.info
     files = collect_files(path, ignored=info.ignored_directories)
     chosen = choose_entrypoint(files, entrypoint, info.default_entrypoints)
     session = await manager.create()

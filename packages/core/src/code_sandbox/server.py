@@ -259,7 +259,7 @@ class SandboxServer(Server[None]):
         """Name the verified image's packages in the run tools' descriptions. An image that is missing or fails
         verification vendors nothing: every tool that needs a sandbox then says so (IMAGE_INVALID)."""
         try:
-            packages = await self.manager.image_packages()
+            packages = await self.manager.provisioner.image_packages()
         except SandboxError:
             packages = ()
         if packages != self._described:

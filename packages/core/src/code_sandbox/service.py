@@ -61,14 +61,14 @@ class SandboxService:
         # Held until the end: while this lock is held, other servers' sweeps leave our containers alone, and once
         # the process is gone (however it ended) they may remove what it left.
         marker = await anyio.to_thread.run_sync(ServerMarker.acquire, self.state_dir)
-        self.manager.owner = marker.owner
+        self.manager.provisioner.owner = marker.owner
         atexit.register(self.manager.remove_all_now)
         try:
             async with anyio.create_task_group() as group:
                 self._background = group
                 group.start_soon(self._sweep)
                 group.start_soon(self.manager.run_reaper)
-                group.start_soon(self.manager.run_pool)
+                group.start_soon(self.manager.pool.run)
                 try:
                     yield None
                 finally:
