@@ -12,9 +12,10 @@ from functools import partial
 import anyio
 import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
+from code_sandbox.execution import prepare_program, run_entrypoint, run_prepared
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.protocol import ExecuteRequest, Refusal, RunRequest
+from code_sandbox.results import RunResult
 from code_sandbox.sessions import SessionManager
 from code_sandbox.transport import Target
 from code_sandbox.workspace import PreparedWrite, delete_files, list_files, prepare_write, read_file, write_files

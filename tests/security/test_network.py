@@ -9,7 +9,8 @@ import json
 
 import anyio
 import pytest
-from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.execution import run_entrypoint
+from code_sandbox.results import RunResult
 from code_sandbox.workspace import write_files
 
 from tests.security.conftest import Arena, SharedSandbox

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 from code_sandbox.channel import Channel
 from code_sandbox.errors import ErrorCode, SandboxError
@@ -27,29 +25,10 @@ from code_sandbox.execution import (
     supervised_call,
 )
 from code_sandbox.limits import OUTPUT_CAP_BYTES
-from code_sandbox.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal, ThrownError
+from code_sandbox.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal
 from code_sandbox.relay import OutputSink, Progress
+from code_sandbox.results import Evaluation, ThrownErrorOutput
 from code_sandbox.sessions import SessionManager
-
-ContextEnd = Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"]
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """How one evaluation ended."""
-
-    value: str | None
-    error: ThrownError | None
-    stdout: str
-    stderr: str
-    stdout_truncated: bool
-    stderr_truncated: bool
-    context_reset: bool
-    context_ended: ContextEnd | None
-    duration_ms: int
-    output_bytes: int
-    cpu_ms: int | None
-    peak_memory_bytes: int | None
 
 
 async def evaluate_code(
@@ -131,15 +110,18 @@ async def _result(channel: Channel, answer: EvaluateAnswer | Refusal) -> Evaluat
         ) from None
     if answer.cleanup != "ok":
         raise await channel.fail_closed(cleanup_failed())
+    error = answer.error
     return Evaluation(
         value=answer.value,
-        error=answer.error,
+        error=None if error is None else ThrownErrorOutput(name=error.name, message=error.message, stack=error.stack),
         stdout=stdout.decode("utf-8", "replace"),
         stderr=stderr.decode("utf-8", "replace"),
         stdout_truncated=answer.stdout_truncated,
         stderr_truncated=answer.stderr_truncated,
         context_reset=answer.context_reset,
         context_ended=answer.context_ended,
+        timed_out=answer.context_ended == "timed_out",
+        oom_killed=answer.context_ended == "oom_killed",
         duration_ms=answer.duration_ms,
         output_bytes=answer.stdout_bytes + answer.stderr_bytes,
         cpu_ms=answer.cpu_ms,

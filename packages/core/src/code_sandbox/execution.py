@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.to_thread
@@ -42,6 +42,7 @@ from code_sandbox.protocol import (
     SurveyAnswer,
 )
 from code_sandbox.relay import OutputSink, Progress, supervise
+from code_sandbox.results import RunResult, TerminationReason
 from code_sandbox.sessions import SessionManager
 from code_sandbox.workspace import PreparedWrite, check_file_reply, file_refusal_error, is_file_refusal
 
@@ -56,29 +57,6 @@ CANCEL_WAIT_SECONDS = 0.5
 SURVEY_TIMEOUT_SECONDS = 10.0
 SURVEY_RETRY_PAUSES = (0.0, 0.25, 1.0)
 """Before each new survey after one that could not answer: the first at once, as the run is over already."""
-TerminationReason = Literal["exited", "signaled", "timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed"]
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """How a program ended, exactly."""
-
-    exit_code: int | None
-    signal: str | None
-    timed_out: bool
-    oom_killed: bool
-    stdout: str
-    stderr: str
-    stdout_truncated: bool
-    stderr_truncated: bool
-    termination_reason: TerminationReason
-    duration_ms: int
-    output_bytes: int
-    leftover_processes_killed: int
-    cpu_ms: int | None = None
-    peak_memory_bytes: int | None = None
-    stdout_raw: bytes = b""
-    stderr_raw: bytes = b""
 
 
 def validate_arguments(arguments: Sequence[str]) -> list[str]:

@@ -14,10 +14,11 @@ from pathlib import Path
 import anyio
 
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.execution import run_entrypoint
 from code_sandbox.limits import MAX_FILES_PER_CALL
 from code_sandbox.paths import validate_path
 from code_sandbox.relay import OutputSink
+from code_sandbox.results import RunResult
 from code_sandbox.sessions import SessionManager
 from code_sandbox.workspace import write_files
 

@@ -183,6 +183,10 @@ class ThrownError(Message):
     stack: Annotated[str, StringConstraints(max_length=16 * 1024)]
 
 
+ContextEnd = Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"]
+"""Why an evaluation context ended."""
+
+
 class EvaluateAnswer(Supervised):
     """How an evaluation ended: a value or an error while the context lives on (``context_pid`` names it, paused,
     for the survey to spare), or why the context ended (``context_ended``), with a run's output and usage fields."""
@@ -193,7 +197,7 @@ class EvaluateAnswer(Supervised):
     context_pid: Annotated[int, Field(ge=1, le=2**32)] | None
     context_started: Annotated[int, Field(ge=0, le=10**15)] | None
     """The paused context's start time (clock ticks after boot): with its pid, the survey spares that process only."""
-    context_ended: Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"] | None
+    context_ended: ContextEnd | None
 
 
 class KillAllAnswer(Message):

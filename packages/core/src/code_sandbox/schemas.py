@@ -1,4 +1,5 @@
-"""The MCP tools' input and output models: strict, bounded, every field described.
+"""The MCP tools' input and output models: strict, bounded, every field described. The run and evaluate tools'
+outputs are core's results (:mod:`code_sandbox.results`).
 
 Input models refuse unknown fields and never coerce types. Bounds appear in the JSON schema, so a client sees
 them before it calls. The run models are built per server, because their timeout bounds are settings.
@@ -25,16 +26,13 @@ from code_sandbox.limits import (
     WORDS,
 )
 from code_sandbox.protocol import DeleteOutcome, WorkspacePath, WriteStatus
+from code_sandbox.results import Output
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{43}$"
 
 
 class StrictInput(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class Output(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 SessionId = Annotated[
@@ -328,71 +326,6 @@ class DeleteStatus(Output):
 
 class DeleteFilesOutput(Output):
     results: list[DeleteStatus] = Field(description="One status per requested path, in request order.")
-
-
-class RunOutput(Output):
-    exit_code: int | None = Field(description="The program's exit code; null when a signal killed it.")
-    signal: str | None = Field(description="The signal that killed the program (e.g. SIGKILL), else null.")
-    timed_out: bool = Field(description="True when the program was killed at timeout_seconds.")
-    oom_killed: bool = Field(description=f"True when the {WORDS['memory']} memory limit killed the program.")
-    stdout: str = Field(description=f"Standard output, UTF-8 (invalid bytes replaced), at most {WORDS['output_cap']}.")
-    stderr: str = Field(description=f"Standard error, UTF-8 (invalid bytes replaced), at most {WORDS['output_cap']}.")
-    stdout_truncated: bool = Field(
-        description=f"True when stdout passed {WORDS['output_cap']}; the program was then killed."
-    )
-    stderr_truncated: bool = Field(
-        description=f"True when stderr passed {WORDS['output_cap']}; the program was then killed."
-    )
-    termination_reason: Literal["exited", "signaled", "timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed"] = Field(
-        description="Why the program ended."
-    )
-    duration_ms: int = Field(description="Wall-clock run time in milliseconds.")
-    cpu_ms: int | None = Field(
-        description="CPU time (user + system) the run used, in milliseconds: the program and every process it "
-        "started, read from the sandbox's cgroup counter before and after the run (so a program cannot misreport "
-        "it; the supervising runner's own small share is included). Null where the counter cannot be read."
-    )
-    peak_memory_bytes: int | None = Field(
-        description="The most memory the run used at once, in bytes: the sandbox cgroup's memory (the program, "
-        "its children and the files they wrote to /workspace and /tmp) above what it used just before the run, "
-        "from the cgroup's high-water mark when the run set a new one, else its highest sample (every 20 ms), "
-        "so a short spike below an earlier run's peak can be missed; if the program stopped or reprioritised the "
-        "supervising runner, the cgroup's high-water mark instead (never less than the truth). Null where the "
-        "counter cannot be read."
-    )
-
-
-class ThrownErrorOutput(Output):
-    name: str = Field(description="The error's name, e.g. TypeError; Uncaught when something else was thrown.")
-    message: str = Field(description="The error's message (or what was thrown, rendered).")
-    stack: str = Field(description="The stack frames in your code (evaluated code, workspace files, packages).")
-
-
-class EvaluateOutput(Output):
-    value: str | None = Field(
-        description=f"The value of the last statement, rendered for reading (at most {WORDS['value_max']} of "
-        "characters, nested objects abbreviated); null when the code threw or the context ended."
-    )
-    error: ThrownErrorOutput | None = Field(
-        description="What the code threw, or the rejection of a promise it awaited; null when it did not. The "
-        "context lives on."
-    )
-    stdout: str = Field(description=f"What this call wrote to standard output, at most {WORDS['output_cap']}.")
-    stderr: str = Field(description=f"What this call wrote to standard error, at most {WORDS['output_cap']}.")
-    stdout_truncated: bool = Field(description=f"True when stdout passed {WORDS['output_cap']}; the context ended.")
-    stderr_truncated: bool = Field(description=f"True when stderr passed {WORDS['output_cap']}; the context ended.")
-    context_reset: bool = Field(
-        description="True when this call started a fresh context: the first call, after reset=true, or after the "
-        "context ended (a timeout, output cap, memory limit, crash, or a run in this sandbox)."
-    )
-    context_ended: Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"] | None = Field(
-        description="Null while the context lives on; else why it ended during this call (every variable is gone)."
-    )
-    timed_out: bool = Field(description="True when the evaluation was stopped at timeout_seconds.")
-    oom_killed: bool = Field(description=f"True when the {WORDS['memory']} memory limit ended the context.")
-    duration_ms: int = Field(description="Wall-clock time of the call in milliseconds.")
-    cpu_ms: int | None = Field(description="CPU time the call used, in milliseconds, as for runs.")
-    peak_memory_bytes: int | None = Field(description="The most memory the call used at once, as for runs.")
 
 
 class DestroyOutput(Output):

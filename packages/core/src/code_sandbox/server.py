@@ -38,9 +38,10 @@ from code_sandbox.audit import AuditValue
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.evaluation import evaluate_code
-from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
+from code_sandbox.execution import prepare_program, run_entrypoint, run_prepared
 from code_sandbox.profile import Profile
 from code_sandbox.relay import LastLine, OutputSink, Progress
+from code_sandbox.results import EvaluateOutput, RunOutput, RunResult
 from code_sandbox.schemas import (
     CreateSandboxInput,
     CreateSandboxOutput,
@@ -50,7 +51,6 @@ from code_sandbox.schemas import (
     DestroyOutput,
     Entry,
     EvaluateInput,
-    EvaluateOutput,
     ExecuteInput,
     FileStatus,
     ListFilesInput,
@@ -58,9 +58,7 @@ from code_sandbox.schemas import (
     ReadFileInput,
     ReadFileOutput,
     RunInput,
-    RunOutput,
     SessionInput,
-    ThrownErrorOutput,
     WriteFilesInput,
     WriteFilesOutput,
     evaluate_input_model,
@@ -140,23 +138,6 @@ def validation_error(exc: ValidationError) -> SandboxError:
     more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
     code = codes.pop() if len(codes) == 1 else ErrorCode.INVALID_REQUEST
     return SandboxError(code, "invalid arguments: " + "; ".join(problems[:5]) + more)
-
-
-def _run_output(result: RunResult) -> RunOutput:
-    return RunOutput(
-        exit_code=result.exit_code,
-        signal=result.signal,
-        timed_out=result.timed_out,
-        oom_killed=result.oom_killed,
-        stdout=result.stdout,
-        stderr=result.stderr,
-        stdout_truncated=result.stdout_truncated,
-        stderr_truncated=result.stderr_truncated,
-        termination_reason=result.termination_reason,
-        duration_ms=result.duration_ms,
-        cpu_ms=result.cpu_ms,
-        peak_memory_bytes=result.peak_memory_bytes,
-    )
 
 
 def _files_with_counts(params: WriteFilesInput | ExecuteInput, counts: Counts) -> list[tuple[str, str | bytes]]:
@@ -387,7 +368,7 @@ class SandboxServer(Server[None]):
         finally:
             await self.service.remove_after_reply(session.id)  # the result goes out first
         _run_counts(counts, result)
-        return _run_output(result)
+        return result
 
     async def _run(self, params: RunInput, ctx: Context, counts: Counts) -> BaseModel:
         progress, output = self._live(ctx)
@@ -401,7 +382,7 @@ class SandboxServer(Server[None]):
             output=output,
         )
         _run_counts(counts, result)
-        return _run_output(result)
+        return result
 
     async def _evaluate(self, params: EvaluateInput, ctx: Context, counts: Counts) -> BaseModel:
         progress, output = self._live(ctx)
@@ -422,24 +403,7 @@ class SandboxServer(Server[None]):
             cpu_ms=result.cpu_ms,
             peak_memory_bytes=result.peak_memory_bytes,
         )
-        error = result.error
-        return EvaluateOutput(
-            value=result.value,
-            error=None
-            if error is None
-            else ThrownErrorOutput(name=error.name, message=error.message, stack=error.stack),
-            stdout=result.stdout,
-            stderr=result.stderr,
-            stdout_truncated=result.stdout_truncated,
-            stderr_truncated=result.stderr_truncated,
-            context_reset=result.context_reset,
-            context_ended=result.context_ended,
-            timed_out=result.context_ended == "timed_out",
-            oom_killed=result.context_ended == "oom_killed",
-            duration_ms=result.duration_ms,
-            cpu_ms=result.cpu_ms,
-            peak_memory_bytes=result.peak_memory_bytes,
-        )
+        return result
 
     @staticmethod
     def _live(ctx: Context) -> tuple[Progress | None, OutputSink | None]:
