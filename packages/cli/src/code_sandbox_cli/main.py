@@ -21,7 +21,7 @@ import typer
 from code_sandbox.errors import SandboxError, escape_unprintable
 from code_sandbox.hardening import LABEL_HOST, LABEL_OWNER, LABEL_PROFILE, LABEL_SESSION
 from code_sandbox.limits import WORDS
-from code_sandbox.liveness import ServerMarker, default_state_dir
+from code_sandbox.liveness import default_state_dir
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
 from code_sandbox.settings import TAG_RULE, Settings, SettingsError, is_valid_tag, load_settings
@@ -164,7 +164,7 @@ async def _run_local(
 ) -> int:
     from code_sandbox.engine import DockerEngine
     from code_sandbox.local_run import run_local
-    from code_sandbox.sessions import SessionManager
+    from code_sandbox.service import SandboxService
 
     printed = {"stdout": 0, "stderr": 0}
     sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
@@ -175,15 +175,10 @@ async def _run_local(
         printed[stream] += len(data)
 
     with DockerEngine.for_settings(settings) as engine:
-        marker = ServerMarker.acquire(default_state_dir())
-        manager = SessionManager(engine, profile, replace(settings, warm_pool=0), owner=marker.owner)
-        try:
-            result = await run_local(
-                manager, path, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout_seconds, output=show
-            )
-        finally:
-            await manager.shutdown()
-            marker.release(leave_marker=len(manager) > 0)
+        service = SandboxService(replace(settings, warm_pool=0), profile, engine=engine)
+        result = await run_local(
+            service, path, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout_seconds, output=show
+        )
     # Whatever did not stream (a client that fell behind) comes from the result.
     await show("stdout", result.stdout_raw[printed["stdout"] :])
     await show("stderr", result.stderr_raw[printed["stderr"] :])

@@ -38,7 +38,7 @@ from code_sandbox.audit import AuditValue
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.evaluation import evaluate_code
-from code_sandbox.execution import prepare_program, run_entrypoint, run_prepared
+from code_sandbox.execution import run_entrypoint
 from code_sandbox.profile import Profile
 from code_sandbox.relay import LastLine, OutputSink, Progress
 from code_sandbox.results import EvaluateOutput, RunOutput, RunResult
@@ -67,7 +67,7 @@ from code_sandbox.schemas import (
 from code_sandbox.service import SandboxService
 from code_sandbox.sessions import session_hash
 from code_sandbox.settings import Settings
-from code_sandbox.workspace import delete_files, list_files, prepare_write, read_file, write_files
+from code_sandbox.workspace import delete_files, list_files, read_file, write_files
 
 logger = logging.getLogger(__name__)
 
@@ -351,22 +351,16 @@ class SandboxServer(Server[None]):
         return DestroyOutput(destroyed=await self.manager.destroy(params.session_id))
 
     async def _execute(self, params: ExecuteInput, ctx: Context, counts: Counts) -> BaseModel:
-        # Everything is checked before a sandbox is taken; then the files and the run go as one request.
-        files = prepare_write(_files_with_counts(params, counts), overwrite=False)
-        program = prepare_program(
-            self.manager, params.entrypoint, params.arguments, timeout_seconds=params.timeout_seconds
+        progress, output = self._live(ctx)
+        result = await self.service.execute(
+            _files_with_counts(params, counts),
+            params.entrypoint,
+            params.arguments,
+            timeout_seconds=params.timeout_seconds,
+            progress=progress,
+            output=output,
+            on_created=lambda session: counts.update(session_hash=session.hash),
         )
-        if program.entrypoint not in (path for path, _data in files.files):
-            raise SandboxError(ErrorCode.INVALID_REQUEST, "the entrypoint must be one of the files")
-        session = await self.manager.create()
-        counts["session_hash"] = session.hash
-        try:
-            progress, output = self._live(ctx)
-            result = await run_prepared(
-                self.manager, session.id, program, files=files, progress=progress, output=output
-            )
-        finally:
-            await self.service.remove_after_reply(session.id)  # the result goes out first
         _run_counts(counts, result)
         return result
 
