@@ -21,12 +21,13 @@ import anyio
 import pytest
 from code_sandbox.engine import DockerEngine, ExecResult, HeldExec
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import SURVEY_RETRY_PAUSES, run_program
+from code_sandbox.execution import run_program
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import Refusal, RunAnswer, RunRequest, SurveyAnswer
 from code_sandbox.relay import LAST_LINE_CHARS, LastLine
 from code_sandbox.results import RunResult
+from code_sandbox.supervision import SURVEY_RETRY_PAUSES
 from code_sandbox.transport import CLOSED_KEPT, ChannelTransport, HelperCrash, StderrSink, Target
 from code_sandbox.workspace import (
     PICTURE_MAX_BYTES,

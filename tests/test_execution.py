@@ -11,9 +11,10 @@ import anyio
 import pytest
 from code_sandbox import execution
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import HOST_GRACE_SECONDS, run_entrypoint
+from code_sandbox.execution import run_entrypoint
 from code_sandbox.results import RunResult
 from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.supervision import HOST_GRACE_SECONDS
 from code_sandbox.transport import StderrSink
 from code_sandbox.workspace import list_files, write_files
 

@@ -16,9 +16,10 @@ import pytest
 from code_sandbox.engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.evaluation import evaluate_code
-from code_sandbox.execution import run_entrypoint, verify_cleanup
+from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import PROBE_UID, user_of
 from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.supervision import verify_cleanup
 from code_sandbox.workspace import list_files, write_files
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]

@@ -15,7 +15,12 @@ from collections.abc import Callable
 
 from code_sandbox.channel import Channel
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import (
+from code_sandbox.limits import OUTPUT_CAP_BYTES
+from code_sandbox.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal
+from code_sandbox.relay import OutputSink, Progress
+from code_sandbox.results import Evaluation, ThrownErrorOutput
+from code_sandbox.sessions import SessionManager
+from code_sandbox.supervision import (
     HOST_GRACE_SECONDS,
     SURVEY_TIMEOUT_SECONDS,
     Survey,
@@ -24,11 +29,6 @@ from code_sandbox.execution import (
     require_no_survivors,
     supervised_call,
 )
-from code_sandbox.limits import OUTPUT_CAP_BYTES
-from code_sandbox.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal
-from code_sandbox.relay import OutputSink, Progress
-from code_sandbox.results import Evaluation, ThrownErrorOutput
-from code_sandbox.sessions import SessionManager
 
 
 async def evaluate_code(
