@@ -10,8 +10,8 @@ error) is user output: bounded, and never trusted for anything else.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from functools import partial
 
 from code_sandbox.channel import Channel
 from code_sandbox.errors import ErrorCode, SandboxError
@@ -20,15 +20,7 @@ from code_sandbox.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViola
 from code_sandbox.relay import OutputSink, Progress
 from code_sandbox.results import Evaluation, ThrownErrorOutput
 from code_sandbox.sessions import SessionManager
-from code_sandbox.supervision import (
-    HOST_GRACE_SECONDS,
-    SURVEY_TIMEOUT_SECONDS,
-    Survey,
-    cleanup_failed,
-    decode_output,
-    require_no_survivors,
-    supervised_call,
-)
+from code_sandbox.supervision import HOST_GRACE_SECONDS, cleanup_failed, decode_output, supervise_call
 
 
 async def evaluate_code(
@@ -64,23 +56,15 @@ async def evaluate_code(
 async def _evaluate(
     channel: Channel, request: EvaluateRequest, progress: Progress | None, output: OutputSink | None
 ) -> Evaluation:
-    finished = threading.Event()
     host_timeout = request.timeout_ms / 1000 + HOST_GRACE_SECONDS
 
     def call(on_stderr: Callable[[bytes], None] | None) -> EvaluateAnswer | Refusal:
-        try:
-            return channel.transport.evaluate(channel.target, request, timeout=host_timeout, on_stderr=on_stderr)
-        finally:
-            finished.set()
+        return channel.transport.evaluate(channel.target, request, timeout=host_timeout, on_stderr=on_stderr)
 
-    survey = Survey(channel, timeout=host_timeout + SURVEY_TIMEOUT_SECONDS)
-    try:
-        answer = await supervised_call(channel, call, progress, output, finished, what="evaluation")
-        result = await _result(channel, answer)
-        await require_no_survivors(channel, survey)
-        return result
-    finally:
-        survey.cancel()
+    check = partial(_result, channel)
+    return await supervise_call(
+        channel, call, check, call_seconds=host_timeout, progress=progress, output=output, what="evaluation"
+    )
 
 
 async def _result(channel: Channel, answer: EvaluateAnswer | Refusal) -> Evaluation:

@@ -11,7 +11,6 @@ first finishes, which is bounded by that run's timeout. Runs in different sandbo
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -23,15 +22,7 @@ from code_sandbox.protocol import ExecuteAnswer, ExecuteRequest, ProtocolViolati
 from code_sandbox.relay import OutputSink, Progress
 from code_sandbox.results import RunResult, TerminationReason
 from code_sandbox.sessions import SessionManager
-from code_sandbox.supervision import (
-    HOST_GRACE_SECONDS,
-    SURVEY_TIMEOUT_SECONDS,
-    Survey,
-    cleanup_failed,
-    decode_output,
-    require_no_survivors,
-    supervised_call,
-)
+from code_sandbox.supervision import HOST_GRACE_SECONDS, cleanup_failed, decode_output, supervise_call
 from code_sandbox.workspace import PreparedWrite, check_file_reply, file_refusal_error, is_file_refusal
 
 
@@ -125,42 +116,21 @@ async def run_program(
         stderr_cap=OUTPUT_CAP_BYTES,
         stream=output is not None,
     )
-    finished = threading.Event()
     host_timeout = timeout + HOST_GRACE_SECONDS + (files.seconds if files is not None else 0)
 
     def call(on_stderr: Callable[[bytes], None] | None) -> RunAnswer | ExecuteAnswer | Refusal:
         transport, target = channel.transport, channel.target
-        try:
-            if files is None:
-                return transport.run(target, request, timeout=host_timeout, on_stderr=on_stderr)
-            one_shot = ExecuteRequest(write=files.request, run=request)
-            return transport.execute(
-                target, one_shot, payload=files.payload(), timeout=host_timeout, on_stderr=on_stderr
-            )
-        finally:
-            finished.set()
+        if files is None:
+            return transport.run(target, request, timeout=host_timeout, on_stderr=on_stderr)
+        one_shot = ExecuteRequest(write=files.request, run=request)
+        return transport.execute(target, one_shot, payload=files.payload(), timeout=host_timeout, on_stderr=on_stderr)
 
-    survey = Survey(channel, timeout=host_timeout + SURVEY_TIMEOUT_SECONDS)
-    try:
-        return await _run_and_verify(channel, request, call, survey, progress, output, finished, files)
-    finally:
-        survey.cancel()
+    async def check(answer: RunAnswer | ExecuteAnswer | Refusal) -> RunResult:
+        return await _result(channel, request, await _run_half(channel, files, answer))
 
-
-async def _run_and_verify(
-    channel: Channel,
-    request: RunRequest,
-    call: Callable[[Callable[[bytes], None] | None], RunAnswer | ExecuteAnswer | Refusal],
-    survey: Survey,
-    progress: Progress | None,
-    output: OutputSink | None,
-    finished: threading.Event,
-    files: PreparedWrite | None,
-) -> RunResult:
-    answer = await supervised_call(channel, call, progress, output, finished, what="run")
-    result = await _result(channel, request, await _run_half(channel, files, answer))
-    await require_no_survivors(channel, survey)
-    return result
+    return await supervise_call(
+        channel, call, check, call_seconds=host_timeout, progress=progress, output=output, what="run"
+    )
 
 
 async def _run_half(

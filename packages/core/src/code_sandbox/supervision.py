@@ -14,7 +14,7 @@ import base64
 import binascii
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TypeVar
 
@@ -29,6 +29,7 @@ from code_sandbox.relay import OutputSink, Progress, supervise
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_A = TypeVar("_A")
 
 HOST_GRACE_SECONDS = 5.0
 """How long past the run's deadline the host waits for the runner before it destroys the sandbox."""
@@ -40,7 +41,39 @@ SURVEY_RETRY_PAUSES = (0.0, 0.25, 1.0)
 """Before each new survey after one that could not answer: the first at once, as the run is over already."""
 
 
-async def supervised_call(
+async def supervise_call(
+    channel: Channel,
+    call: Callable[[Callable[[bytes], None] | None], _A],
+    check: Callable[[_A], Awaitable[_T]],
+    *,
+    call_seconds: float,
+    progress: Progress | None,
+    output: OutputSink | None,
+    what: str,
+) -> _T:
+    """A run's (or an evaluation's) runner call from start to proof: ``call`` in a worker thread
+    (:func:`_guarded_call`), its answer judged by ``check``, and then the supervisor's survey, started beside the
+    call and given ``call_seconds`` (how long the call may take) and its own time, must prove that nothing the call
+    started outlived it."""
+    finished = threading.Event()
+
+    def tracked(on_stderr: Callable[[bytes], None] | None) -> _A:
+        try:
+            return call(on_stderr)
+        finally:
+            finished.set()
+
+    survey = Survey(channel, timeout=call_seconds + SURVEY_TIMEOUT_SECONDS)
+    try:
+        answer = await _guarded_call(channel, tracked, progress, output, finished, what=what)
+        result = await check(answer)
+        await require_no_survivors(channel, survey)
+        return result
+    finally:
+        survey.cancel()
+
+
+async def _guarded_call(
     channel: Channel,
     call: Callable[[Callable[[bytes], None] | None], _T],
     progress: Progress | None,
@@ -49,8 +82,8 @@ async def supervised_call(
     *,
     what: str,
 ) -> _T:
-    """A run's (or an evaluation's) runner call in a worker thread, its progress relayed: a crash or a hang destroys
-    the sandbox, and a cancellation kills every process of the sandbox user (:func:`cancel_run`)."""
+    """The runner call in a worker thread, its progress relayed: a crash or a hang destroys the sandbox, and a
+    cancellation kills every process of the sandbox user (:func:`cancel_run`)."""
     crashed = SandboxError(
         ErrorCode.SUPERVISOR_FAILED,
         f"the {what}'s supervisor was stopped or answered out of protocol; the sandbox was destroyed",
