@@ -71,12 +71,12 @@ class SandboxService:
         if self._running:
             yield None
             return
-        self._running = True
         # Held until the end: while this lock is held, other servers' sweeps leave our containers alone, and once
         # the process is gone (however it ended) they may remove what it left.
         marker = await anyio.to_thread.run_sync(ServerMarker.acquire, self.state_dir)
         self.manager.provisioner.owner = marker.owner
         atexit.register(self.manager.remove_all_now)
+        self._running = True
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if background:
