@@ -27,11 +27,12 @@ from typing import Any
 import anyio
 from code_sandbox.docker_engine import DockerEngine, build_create_arguments
 from code_sandbox.engine import RuntimeFacts
-from code_sandbox.execution import run_entrypoint, verify_cleanup
+from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import ENVIRONMENT, LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, user_of
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings, load_settings
+from code_sandbox.supervision import verify_cleanup
 from code_sandbox.workspace import write_files
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -154,10 +155,10 @@ async def core_api(iterations: int, warm_pool: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {"create": [], "run hello": [], "cleanup survey": [], "destroy": []}
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.run_pool)
+            group.start_soon(manager.pool.run)
             await manager.create()  # the first create verifies the image once
             for _ in range(iterations):
-                await manager.wait_for_pool()
+                await manager.pool.wait_for_pool()
                 session = await atimed(samples["create"], manager.create())
                 await write_files(manager, session.id, [("index.js", "console.log('hello')")], overwrite=False)
                 await atimed(

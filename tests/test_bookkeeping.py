@@ -331,7 +331,7 @@ async def test_a_container_that_vanished_under_a_failing_session_is_reported_una
 
 async def _filled(manager: SessionManager) -> None:
     with anyio.fail_after(10):
-        await manager.wait_for_pool()
+        await manager.pool.wait_for_pool()
 
 
 async def test_a_warm_container_near_the_end_of_its_pool_lifetime_is_discarded_not_handed_out(
@@ -340,13 +340,13 @@ async def test_a_warm_container_near_the_end_of_its_pool_lifetime_is_discarded_n
     manager = make_manager(engine, profile, clock, POOLED)
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(partial(manager.run_pool, 3600))  # only a claim looks at the warm container's age
+            group.start_soon(partial(manager.pool.run, 3600))  # only a claim looks at the warm container's age
             await _filled(manager)
-            (warm,) = manager.warm_containers
+            (warm,) = manager.pool.warm_containers
             clock.advance(USABLE_SECONDS - 1)
             assert (await manager.create()).container_id == warm  # a second before the margin: still handed out
             await _filled(manager)
-            (stale,) = manager.warm_containers
+            (stale,) = manager.pool.warm_containers
             clock.advance(USABLE_SECONDS)
             session = await manager.create()
             assert session.container_id != stale
@@ -362,12 +362,12 @@ async def test_the_pool_replaces_a_warm_container_that_can_no_longer_be_handed_o
     manager = make_manager(engine, profile, clock, POOLED)
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(partial(manager.run_pool, 0.01))
+            group.start_soon(partial(manager.pool.run, 0.01))
             await _filled(manager)
-            (stale,) = manager.warm_containers
+            (stale,) = manager.pool.warm_containers
             clock.advance(USABLE_SECONDS)
             with anyio.fail_after(10):
-                while manager.warm_containers in ((), (stale,)):  # noqa: ASYNC110
+                while manager.pool.warm_containers in ((), (stale,)):  # noqa: ASYNC110
                     await anyio.sleep(0.01)
             assert stale not in live(engine)
             group.cancel_scope.cancel()
@@ -379,12 +379,12 @@ async def test_shutdown_drains_the_pool(engine: MemoryEngine, profile: Profile, 
     manager = make_manager(engine, profile, clock, POOLED)
     warm: list[str] = []
     async with anyio.create_task_group() as group:
-        group.start_soon(manager.run_pool)
+        group.start_soon(manager.pool.run)
         await _filled(manager)
-        warm += manager.warm_containers
+        warm += manager.pool.warm_containers
         await manager.shutdown()
         group.cancel_scope.cancel()
-    assert len(warm) == 1 and not live(engine) and manager.warm_containers == ()
+    assert len(warm) == 1 and not live(engine) and manager.pool.warm_containers == ()
 
 
 async def test_a_create_while_the_first_warm_container_gets_ready_waits_for_it_rather_than_starting_another(
@@ -394,10 +394,10 @@ async def test_a_create_while_the_first_warm_container_gets_ready_waits_for_it_r
     go = engine.hold("start")
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.run_pool)
+            group.start_soon(manager.pool.run)
             await _entered(engine, "start")
             (warming,) = live(engine)
-            assert not manager.warm_containers  # started, not ready yet: the state a server just started is in
+            assert not manager.pool.warm_containers  # started, not ready yet: the state a server just started is in
             created: list[Session] = []
 
             async def create() -> None:
@@ -422,9 +422,9 @@ async def test_once_the_pool_was_filled_a_create_during_a_refill_starts_its_own_
     manager = make_manager(engine, profile, clock, POOLED)
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.run_pool)
+            group.start_soon(manager.pool.run)
             await _filled(manager)
-            (warm,) = manager.warm_containers
+            (warm,) = manager.pool.warm_containers
             go = engine.hold("start")  # the refill stays in the making
             first = await manager.create()
             await _entered(engine, "start")

@@ -21,22 +21,24 @@ import pytest
 from code_sandbox.channel_transport import CLOSED_KEPT, ChannelTransport, read_answer
 from code_sandbox.docker_engine.streams import HeldExec
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import SURVEY_RETRY_PAUSES, RunResult, run_program
+from code_sandbox.execution import run_program
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.profile import Profile
 from code_sandbox.protocol import Refusal, RunAnswer, RunRequest, SurveyAnswer
 from code_sandbox.relay import LAST_LINE_CHARS, LastLine
+from code_sandbox.results import RunResult
+from code_sandbox.supervision import SURVEY_RETRY_PAUSES
 from code_sandbox.transport import HelperCrash, StderrSink, Target
 from code_sandbox.workspace import (
     PICTURE_MAX_BYTES,
     ReadResult,
     delete_files,
-    digest_file,
     list_files,
     read_file,
     write_files,
 )
 
+from tests.support.digest import digest_file
 from tests.support.memory_engine import MemoryEngine
 from tests.support.memory_transport import MemorySandboxes, run_answer
 
@@ -470,7 +472,10 @@ def test_a_picture_over_the_size_limit_is_not_returned_as_one() -> None:
 
 async def test_a_text_read_that_is_not_the_bytes_asked_for_destroys_the_sandbox(sandboxes: MemorySandboxes) -> None:
     await write_files(sandboxes, "only", [("t.txt", "hello")], overwrite=False)
-    sandboxes.transport.edit_answer = lambda answer: {**answer, "content": "hello, and more than the file holds"}
+    sandboxes.transport.edit_answer = lambda answer: {
+        **answer,
+        "content": "hello, and more than the file holds",
+    }
     with pytest.raises(SandboxError) as caught:
         await read_file(sandboxes, "only", "t.txt", max_bytes=100)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED

@@ -12,8 +12,10 @@ import pytest
 from code_sandbox import execution
 from code_sandbox.engine import ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import HOST_GRACE_SECONDS, RunResult, run_entrypoint
+from code_sandbox.execution import run_entrypoint
+from code_sandbox.results import RunResult
 from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.supervision import HOST_GRACE_SECONDS
 from code_sandbox.transport import StderrSink
 from code_sandbox.workspace import list_files, write_files
 
@@ -152,7 +154,7 @@ async def test_a_channel_that_died_between_calls_destroys_the_sandbox_at_the_nex
     await write_files(manager, session.id, [("a.txt", "a")], overwrite=False)  # the channel is open now
     # Killed from outside any run (a second exec as the sandbox uid), as the kernel's OOM killer might.
     argv = ["/usr/local/bin/node", "-e", KILL_THE_CHANNEL]
-    killer = manager.engine.exec(
+    killer = manager.provisioner.engine.exec(
         session.container_id, ExecRequest(argv, user=session.user, timeout=30, max_stdout=1024)
     )
     assert killer.exit_code == 0
@@ -262,7 +264,7 @@ async def test_a_runner_that_stops_answering_is_caught_by_the_host_deadline(
         await run(manager, session, "process.kill(process.ppid, 'SIGSTOP'); setTimeout(() => {}, 60000)", timeout=1)
     assert caught.value.code == ErrorCode.TIMEOUT
     assert time.monotonic() - started < 1 + 1 + 10  # the deadline and the grace; the rest is a destroy under load
-    assert manager.engine.container_facts(session.container_id) is None
+    assert manager.provisioner.engine.container_facts(session.container_id) is None
 
 
 def _edited_runner_answer(manager: SessionManager, edit: Callable[[dict[str, Any]], None]) -> EditedTransport:
@@ -274,7 +276,7 @@ def _edited_runner_answer(manager: SessionManager, edit: Callable[[dict[str, Any
         edit(answer)
         return json.dumps(answer).encode()
 
-    return EditedTransport(manager.engine, manager.profile, "run", edit_line)
+    return EditedTransport(manager.provisioner.engine, manager.provisioner.profile, "run", edit_line)
 
 
 async def test_failed_process_cleanup_destroys_the_session(manager: SessionManager, session: Session) -> None:

@@ -30,7 +30,7 @@ def run_program(manager: SessionManager, session: Session, source: str, *, timeo
         argv=["/usr/local/bin/node", "-e", source], timeout_ms=timeout_ms, stdout_cap=MiB, stderr_cap=MiB, stream=False
     )
     target = Target(session.container_id, session.user)
-    answer = manager.transport.run(target, request, timeout=timeout_ms / 1000 + 10)
+    answer = manager.provisioner.transport.run(target, request, timeout=timeout_ms / 1000 + 10)
     return answer.model_dump()
 
 

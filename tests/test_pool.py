@@ -41,9 +41,9 @@ async def filled_pool(
     """Run the manager's pool filler until the pool is full and the block ends; then shut the manager down."""
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(partial(manager.run_pool, retry_seconds))
+            group.start_soon(partial(manager.pool.run, retry_seconds))
             with anyio.fail_after(30):
-                await manager.wait_for_pool()
+                await manager.pool.wait_for_pool()
             yield manager
             group.cancel_scope.cancel()
     finally:
@@ -59,23 +59,23 @@ async def pooled_manager(engine: DockerEngine, profile: Profile, image_id: str) 
 async def test_a_warm_container_is_handed_out_once_and_the_pool_refills(
     pooled_manager: SessionManager, engine: DockerEngine
 ) -> None:
-    (warm,) = pooled_manager.warm_containers
+    (warm,) = pooled_manager.pool.warm_containers
     session = await pooled_manager.create()
     assert session.container_id == warm
     # The claim reached a watchdog that was ready for it: the container serves the session.
     await write_files(pooled_manager, session.id, [("a.js", "console.log(1)")], overwrite=False)
     assert (await run_entrypoint(pooled_manager, session.id, "a.js", [], timeout_seconds=5)).stdout == "1\n"
     with anyio.fail_after(30):
-        await pooled_manager.wait_for_pool()
-    (refill,) = pooled_manager.warm_containers
+        await pooled_manager.pool.wait_for_pool()
+    (refill,) = pooled_manager.pool.warm_containers
     assert refill != warm
     second = await pooled_manager.create()
     assert second.container_id == refill
     assert await pooled_manager.destroy(session.id) is True
     assert engine.container_facts(warm) is None
     with anyio.fail_after(30):
-        await pooled_manager.wait_for_pool()
-    assert warm not in pooled_manager.warm_containers  # never reused
+        await pooled_manager.pool.wait_for_pool()
+    assert warm not in pooled_manager.pool.warm_containers  # never reused
 
 
 def _watchdog_container(engine: DockerEngine, profile: Profile, image_id: str, *lifetimes: int) -> str:

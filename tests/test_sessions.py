@@ -135,7 +135,7 @@ async def test_container_settings_match_the_hardening_snapshot(
     labels = config["Labels"]
     assert labels["io.code-sandbox.managed"] == "true"
     assert labels["io.code-sandbox.profile"] == "javascript-offline"
-    assert labels["io.code-sandbox.owner"] == manager.owner
+    assert labels["io.code-sandbox.owner"] == manager.provisioner.owner
     assert labels["io.code-sandbox.runtime"] == "runc"
     # the lifetime, the watchdog grace and a margin of one engine timeout (the start may lag the label)
     assert abs(int(labels[LABEL_EXPIRES_AT]) - (time.time() + 62 + engine.timeout)) < 5

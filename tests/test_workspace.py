@@ -15,15 +15,11 @@ from code_sandbox.profile import Profile
 from code_sandbox.protocol import DigestAnswer, DigestRequest, Refusal
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.transport import HelperExecs, Target
-from code_sandbox.workspace import (
-    delete_files,
-    digest_file,
-    list_files,
-    read_file,
-    write_files,
-)
+from code_sandbox.workspace import delete_files, list_files, read_file, write_files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.support.digest import digest_file
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
@@ -103,7 +99,7 @@ async def test_read_truncation_never_splits_a_character(manager: SessionManager,
 
 async def test_binary_content_is_refused_as_binary_file(manager: SessionManager, session: Session) -> None:
     await anyio.to_thread.run_sync(
-        lambda: manager.engine.exec(
+        lambda: manager.provisioner.engine.exec(
             session.container_id,
             ExecRequest(
                 [
@@ -184,7 +180,7 @@ async def test_a_symlink_made_by_user_code_destroys_the_session_at_the_next_file
     manager: SessionManager, session: Session
 ) -> None:
     await anyio.to_thread.run_sync(
-        lambda: manager.engine.exec(
+        lambda: manager.provisioner.engine.exec(
             session.container_id,
             ExecRequest(
                 ["/usr/local/bin/node", "-e", "require('fs').symlinkSync('/etc', '/workspace/etc')"],
@@ -198,7 +194,7 @@ async def test_a_symlink_made_by_user_code_destroys_the_session_at_the_next_file
         await list_files(manager, session.id, ".", recursive=True, max_depth=1)
     assert caught.value.code == ErrorCode.WORKSPACE_INTEGRITY
     assert "destroyed" in caught.value.message
-    assert manager.engine.container_facts(session.container_id) is None
+    assert manager.provisioner.engine.container_facts(session.container_id) is None
     with pytest.raises(SandboxError) as after:
         await list_files(manager, session.id, ".", recursive=True, max_depth=1)
     assert after.value.code == ErrorCode.INVALID_SESSION
@@ -264,6 +260,8 @@ async def test_the_helper_refuses_what_the_host_refuses(manager: SessionManager,
     with pytest.raises(SandboxError) as host:
         validate_path(raw)
     assert host.value.code in (ErrorCode.INVALID_PATH, ErrorCode.PATH_TRAVERSAL)
-    helper = await anyio.to_thread.run_sync(_helper_verdict, manager.engine, manager.profile, session, raw)
+    helper = await anyio.to_thread.run_sync(
+        _helper_verdict, manager.provisioner.engine, manager.provisioner.profile, session, raw
+    )
     assert helper in ("INVALID_PATH", "PATH_TRAVERSAL")
     assert (helper == "PATH_TRAVERSAL") == (host.value.code == ErrorCode.PATH_TRAVERSAL)

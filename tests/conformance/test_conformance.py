@@ -12,9 +12,10 @@ from functools import partial
 import anyio
 import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
+from code_sandbox.execution import prepare_program, run_entrypoint, run_prepared
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.protocol import ExecuteRequest, Refusal, RunRequest
+from code_sandbox.results import RunResult
 from code_sandbox.sessions import SessionManager
 from code_sandbox.transport import Target
 from code_sandbox.workspace import PreparedWrite, delete_files, list_files, prepare_write, read_file, write_files
@@ -162,7 +163,7 @@ async def test_a_program_that_changes_its_runners_priority_gets_the_sandbox_dest
 async def test_destroy_removes_the_container_and_the_session(sandboxes: SessionManager) -> None:
     session = await sandboxes.create()
     assert await sandboxes.destroy(session.id) is True
-    assert sandboxes.engine.container_facts(session.container_id) is None
+    assert sandboxes.provisioner.engine.container_facts(session.container_id) is None
     with pytest.raises(SandboxError) as caught:
         await list_files(sandboxes, session.id, "", recursive=False, max_depth=1)
     assert caught.value.code == ErrorCode.INVALID_SESSION
@@ -190,7 +191,7 @@ async def test_a_one_shot_whose_write_is_refused_runs_nothing(sandboxes: Session
     program = prepare_program(sandboxes, name, [], timeout_seconds=10)
     run = RunRequest(argv=program.argv, timeout_ms=10_000, stdout_cap=1024, stderr_cap=1024, stream=False)
     call = partial(
-        sandboxes.transport.execute,
+        sandboxes.provisioner.transport.execute,
         Target(session.container_id, session.user),
         ExecuteRequest(write=files.request, run=run),
         payload=files.payload(),
@@ -221,7 +222,7 @@ async def test_a_run_reports_the_cpu_time_and_peak_memory_its_cgroup_counted(
     sandboxes: SessionManager, programs: Programs
 ) -> None:
     session = await sandboxes.create()
-    if sandboxes.engine.runtime_in_force().user_space_kernel:
+    if sandboxes.provisioner.engine.runtime_in_force().user_space_kernel:
         # gVisor shows a sandbox no cgroup counters: the figures are unknown, never made up (SECURITY.md).
         busy = await run(sandboxes, session.id, programs, programs.busy)
         assert busy.exit_code == 0 and (busy.cpu_ms, busy.peak_memory_bytes) == (None, None)

@@ -92,8 +92,8 @@ async def test_a_runner_stopped_past_the_deadline_still_reports_a_timeout(sandbo
     session = await sandboxes.create()
     await write_files(sandboxes, session.id, [("main.py", STOP_THE_RUNNER)], overwrite=False)
     request = RunRequest(
-        argv=sandboxes.profile.build_run_argv("main.py", []), timeout_ms=1000, stdout_cap=MiB, stderr_cap=MiB,
-        stream=False,
+        argv=sandboxes.provisioner.profile.build_run_argv("main.py", []), timeout_ms=1000, stdout_cap=MiB,
+        stderr_cap=MiB, stream=False,
     )  # fmt: skip
     async with sandboxes.channel(session.id) as channel:
         answer = await anyio.to_thread.run_sync(lambda: channel.transport.run(channel.target, request, timeout=20))

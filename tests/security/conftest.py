@@ -25,9 +25,10 @@ import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine, ExecRequest
-from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import LABEL_TAG, PROBE_UID, user_of
 from code_sandbox.profile import Profile
+from code_sandbox.results import RunResult
 from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import read_file, write_files
@@ -149,7 +150,7 @@ class Arena:
         result = await run_entrypoint(self.manager, self.bystander.id, "probe.js", [], timeout_seconds=10)
         assert (result.exit_code, result.stdout) == (0, "42\n")
         for session in (self.victim, self.bystander):
-            await assert_nothing_outlives_the_run(self.manager.engine, session)
+            await assert_nothing_outlives_the_run(self.manager.provisioner.engine, session)
 
 
 @pytest.fixture
@@ -185,7 +186,7 @@ class SharedSandbox:
     async def probe(self, source: str, *, timeout: int = 10) -> RunResult:  # noqa: ASYNC109
         """Run a probe that only reads; afterwards the sandbox holds nothing of it."""
         result = await anyio.to_thread.run_sync(self.portal.call, partial(self._run, source, timeout))
-        await assert_nothing_outlives_the_run(self.manager.engine, self.session)
+        await assert_nothing_outlives_the_run(self.manager.provisioner.engine, self.session)
         return result
 
     async def _run(self, source: str, timeout: int) -> RunResult:  # noqa: ASYNC109 - runs in the portal's loop

@@ -13,9 +13,10 @@ import anyio.to_thread
 import pytest
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.profile import Profile
+from code_sandbox.results import RunResult
 from code_sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.workspace import write_files

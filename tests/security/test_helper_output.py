@@ -80,11 +80,11 @@ async def _progress(_elapsed: float, _output: int) -> None:
 async def test_malformed_runner_output_destroys_the_session_with_a_stable_code(
     manager: SessionManager, session: Session, edit: LineEdit
 ) -> None:
-    install(manager, EditedTransport(manager.engine, manager.profile, "run", edit))
+    install(manager, EditedTransport(manager.provisioner.engine, manager.provisioner.profile, "run", edit))
     with pytest.raises(SandboxError) as caught:
         await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=_progress)
     assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
-    assert len(manager) == 0 and manager.engine.container_facts(session.container_id) is None
+    assert len(manager) == 0 and manager.provisioner.engine.container_facts(session.container_id) is None
 
 
 async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionManager, session: Session) -> None:
@@ -92,12 +92,12 @@ async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionMan
         return ExecResult(1, result.stdout, result.stderr)
 
     # The exec form (the kill-all, the watchdog check): the one place a helper has an exit code of its own.
-    execs = edited_execs(manager.engine, manager.profile, is_kill_all, nonzero_exit)
+    execs = edited_execs(manager.provisioner.engine, manager.provisioner.profile, is_kill_all, nonzero_exit)
     target = Target(session.container_id, session.user)
     with pytest.raises(HelperCrash) as caught:
         await anyio.to_thread.run_sync(partial(execs.kill_all, target, timeout=30))
     assert caught.value.cause == "exit code 1, 1 answer line(s)"
-    honest = HelperExecs(manager.engine, manager.profile)
+    honest = HelperExecs(manager.provisioner.engine, manager.provisioner.profile)
     assert isinstance(await anyio.to_thread.run_sync(partial(honest.kill_all, target, timeout=30)), KillAllAnswer)
 
 
@@ -114,7 +114,12 @@ async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionMan
 async def test_malformed_file_helper_answers_destroy_the_session(
     manager: SessionManager, session: Session, stdout: bytes
 ) -> None:
-    install(manager, EditedTransport(manager.engine, manager.profile, "list", _replace_answer(stdout.rstrip())))
+    install(
+        manager,
+        EditedTransport(
+            manager.provisioner.engine, manager.provisioner.profile, "list", _replace_answer(stdout.rstrip())
+        ),
+    )
     with pytest.raises(SandboxError) as caught:
         await list_files(manager, session.id, ".", recursive=True, max_depth=2)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message
@@ -138,7 +143,7 @@ async def test_a_flood_of_progress_lines_is_dropped_unparsed_past_the_budget(
     async def progress(elapsed: float, _output: int) -> None:
         updates.append(elapsed)
 
-    install(manager, EditedTransport(manager.engine, manager.profile, "run", edit))
+    install(manager, EditedTransport(manager.provisioner.engine, manager.provisioner.profile, "run", edit))
     result = await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=progress)
     assert (result.exit_code, result.stdout) == (0, "hi\n")
     # 160k lines arrive within a fraction of a second: the burst and a few refills are parsed, the rest dropped.
@@ -159,7 +164,7 @@ def test_the_update_budget_refills_at_its_rate_and_counts_what_it_drops() -> Non
 async def test_a_process_that_survives_the_run_destroys_the_session(manager: SessionManager, session: Session) -> None:
     # A process of the sandbox uid that the runner did not kill (here: started by a second exec just as the run
     # ends, standing in for one that escaped the runner's kill) must be found by the supervisor's survey.
-    real = manager.engine
+    real = manager.provisioner.engine
     survivor_started = threading.Event()
 
     def start_survivor() -> None:
@@ -178,7 +183,7 @@ async def test_a_process_that_survives_the_run_destroys_the_session(manager: Ses
                 survivor_started.set()
         return line
 
-    install(manager, EditedTransport(real, manager.profile, "run", edit))
+    install(manager, EditedTransport(real, manager.provisioner.profile, "run", edit))
     with pytest.raises(SandboxError) as caught:
         await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
     assert survivor_started.is_set()
@@ -220,7 +225,10 @@ async def test_a_write_answer_with_the_wrong_number_of_results_destroys_the_sess
     manager: SessionManager, session: Session
 ) -> None:
     answer = b'{"ok":true,"results":["written"],"entries":3,"bytes":10}'
-    install(manager, EditedTransport(manager.engine, manager.profile, "write", _replace_answer(answer)))
+    install(
+        manager,
+        EditedTransport(manager.provisioner.engine, manager.provisioner.profile, "write", _replace_answer(answer)),
+    )
     with pytest.raises(SandboxError) as caught:
         await write_files(manager, session.id, [("a.txt", "a"), ("b.txt", "b")], overwrite=False)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message

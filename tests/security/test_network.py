@@ -9,7 +9,8 @@ import json
 
 import anyio
 import pytest
-from code_sandbox.execution import RunResult, run_entrypoint
+from code_sandbox.execution import run_entrypoint
+from code_sandbox.results import RunResult
 from code_sandbox.workspace import write_files
 
 from tests.security.conftest import Arena, SharedSandbox
@@ -149,5 +150,5 @@ console.log(JSON.stringify({ names, asked }));
     assert outcome["names"] in ([], ["lo"])
     refused = "A system error occurred: uv_interface_addresses returned Unknown system error 1"
     assert outcome["asked"] in ([], ["lo"]) or outcome["asked"].startswith(refused), outcome
-    inspect = inspect_container(shared.manager.engine, shared.session.container_id)
+    inspect = inspect_container(shared.manager.provisioner.engine, shared.session.container_id)
     assert inspect["HostConfig"]["NetworkMode"] == "none"

@@ -16,9 +16,10 @@ import pytest
 from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.evaluation import evaluate_code
-from code_sandbox.execution import run_entrypoint, verify_cleanup
+from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import PROBE_UID, user_of
 from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.supervision import verify_cleanup
 from code_sandbox.workspace import list_files, write_files
 
 from tests.support.inspect import docker_of
@@ -107,11 +108,11 @@ async def test_a_process_whose_leader_thread_exited_is_counted_by_the_survey(
     # (its /proc/<pid> says "zombie"; /proc/<pid>/task still lists the live thread) and destroy the sandbox.
     session = await manager.create()
     await write_files(manager, session.id, [("a.txt", "a")], overwrite=False)  # the channel is open
-    with leader_exited(manager.engine, session, image_id), pytest.raises(SandboxError) as caught:
+    with leader_exited(manager.provisioner.engine, session, image_id), pytest.raises(SandboxError) as caught:
         async with manager.channel(session.id) as channel:
             await verify_cleanup(channel)
     assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED
-    assert len(manager) == 0 and manager.engine.container_facts(session.container_id) is None
+    assert len(manager) == 0 and manager.provisioner.engine.container_facts(session.container_id) is None
 
 
 async def test_a_process_whose_leader_thread_exited_is_killed_and_counted_by_the_runs_cleanup(
@@ -121,16 +122,16 @@ async def test_a_process_whose_leader_thread_exited_is_killed_and_counted_by_the
     # proves the kill, must see it (counted, and waited for until it is gone) rather than take it for dead.
     session = await manager.create()
     await write_files(manager, session.id, [("main.js", "console.log('ran')")], overwrite=False)
-    with leader_exited(manager.engine, session, image_id) as probe:
+    with leader_exited(manager.provisioner.engine, session, image_id) as probe:
         result = await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
         assert (result.exit_code, result.stdout) == (0, "ran\n")
         assert result.leftover_processes_killed == 1
         deadline = time.monotonic() + 10  # the engine learns of its process's death a moment later
-        while (facts := manager.engine.container_facts(probe)) is not None and facts.state == "running":
+        while (facts := manager.provisioner.engine.container_facts(probe)) is not None and facts.state == "running":
             assert time.monotonic() < deadline, "the probe outlived the run's cleanup"
             await anyio.sleep(0.1)
         assert facts is not None and facts.state == "exited"
-        assert _zombie_leaders(manager.engine, session) == []
+        assert _zombie_leaders(manager.provisioner.engine, session) == []
 
 
 # The context counts while it runs (and has counted before it is paused); its pid says where to send the signal.
@@ -159,7 +160,9 @@ async def test_a_paused_context_that_was_continued_between_calls_gets_the_sandbo
     again = f"process.kill({pid}, 'SIGSTOP');" if stopped_again else ""
     script = f"process.kill({pid}, 'SIGCONT'); setTimeout(() => {{ {again} }}, 300);"
     argv = ["/usr/local/bin/node", "-e", script]
-    sent = manager.engine.exec(session.container_id, ExecRequest(argv, user=session.user, timeout=30, max_stdout=1024))
+    sent = manager.provisioner.engine.exec(
+        session.container_id, ExecRequest(argv, user=session.user, timeout=30, max_stdout=1024)
+    )
     assert sent.exit_code == 0, sent.stderr
     with pytest.raises(SandboxError) as caught:
         if next_call == "evaluate":
@@ -167,7 +170,7 @@ async def test_a_paused_context_that_was_continued_between_calls_gets_the_sandbo
         else:
             await list_files(manager, session.id, "", recursive=False, max_depth=1)
     assert "destroyed" in caught.value.message
-    assert len(manager) == 0 and manager.engine.container_facts(session.container_id) is None
+    assert len(manager) == 0 and manager.provisioner.engine.container_facts(session.container_id) is None
 
 
 # Stops the runner (and its memory sampler) while a child holds 150 MB, and continues it once the child is gone.
@@ -181,7 +184,7 @@ try { execFileSync(process.execPath, ['-e', 'Buffer.alloc(150e6, 1)']); } finall
 async def test_a_program_that_stops_the_memory_sampler_cannot_hide_its_peak(manager: SessionManager) -> None:
     # The first run sets the sandbox's high-water mark, so that the second one's peak sets no new one: only samples
     # could show it, and the runner takes none while it is stopped.
-    if manager.engine.runtime_in_force().user_space_kernel:
+    if manager.provisioner.engine.runtime_in_force().user_space_kernel:
         pytest.skip("gVisor shows no cgroup counters: the figure is null there")
     session = await manager.create()
     files = [

@@ -104,7 +104,7 @@ console.log(JSON.stringify(out));
     assert any("watchdog.mjs" in t["cmdline"] and t["uid"] == 65533 for t in targets), targets
     # SIGUSR2 would claim to have been sent, were anything signallable.
     assert len(outcome["results"]) == 5 * len(targets) and set(outcome["results"]) == {"EPERM"}, outcome
-    facts = arena.manager.engine.container_facts(arena.victim.container_id)
+    facts = arena.manager.provisioner.engine.container_facts(arena.victim.container_id)
     assert facts is not None and facts.state == "running"
     # Neither stopped nor killed: the victim still runs programs and its file helper still answers.
     assert (await arena.attack("console.log('alive')", name="alive.js")).stdout == "alive\n"

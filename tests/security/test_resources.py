@@ -96,7 +96,7 @@ async def test_memory_bombs_end_at_the_memory_limit_without_swap(arena: Arena, s
     result = await arena.attack(source, timeout=40)
     assert result.exit_code != 0
     assert result.oom_killed or result.signal in ("SIGABRT", "SIGTRAP", "SIGKILL") or result.exit_code == 134
-    inspect = inspect_container(arena.manager.engine, arena.victim.container_id)["HostConfig"]
+    inspect = inspect_container(arena.manager.provisioner.engine, arena.victim.container_id)["HostConfig"]
     assert inspect["Memory"] == inspect["MemorySwap"] == 512 * MiB
     await arena.assert_bystander_unaffected()
 
@@ -171,7 +171,7 @@ console.log(JSON.stringify(out));
 """
     outcome = json.loads((await arena.attack(source)).stdout)
     assert set(outcome.values()) <= {"EACCES", "EPERM"}
-    host_config = inspect_container(arena.manager.engine, arena.victim.container_id)["HostConfig"]
+    host_config = inspect_container(arena.manager.provisioner.engine, arena.victim.container_id)["HostConfig"]
     assert host_config["LogConfig"]["Type"] == "none"  # the daemon keeps no log to reach
     await arena.assert_bystander_unaffected()
 

@@ -40,8 +40,8 @@ def edited_execs(engine: Engine, profile: Profile, match: Callable[[list[str]], 
 
 def install(manager: SessionManager, transport: Transport) -> None:
     """Make ``transport`` the manager's, closing what the previous one held (its sandboxes' channels)."""
-    manager.transport.close_all()
-    manager.transport = transport
+    manager.provisioner.transport.close_all()
+    manager.provisioner.transport = transport
 
 
 def is_kill_all(argv: list[str]) -> bool:

@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
@@ -18,13 +17,15 @@ from typing import Annotated, NoReturn
 
 import anyio
 import typer
-from code_sandbox.errors import SandboxError, escape_unprintable
-from code_sandbox.hardening import LABEL_HOST, LABEL_OWNER, LABEL_PROFILE, LABEL_SESSION
+from code_sandbox.errors import SandboxError
+from code_sandbox.hardening import LABEL_PROFILE, LABEL_SESSION
 from code_sandbox.limits import WORDS
-from code_sandbox.liveness import ServerMarker, default_state_dir
+from code_sandbox.liveness import default_state_dir
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
 from code_sandbox.settings import TAG_RULE, Settings, SettingsError, is_valid_tag, load_settings
+
+from code_sandbox_cli.tables import duration, print_table, server_of, shown
 
 app = typer.Typer(
     name="code-sandbox",
@@ -164,7 +165,7 @@ async def _run_local(
 ) -> int:
     from code_sandbox.docker_engine import DockerEngine
     from code_sandbox.local_run import run_local
-    from code_sandbox.sessions import SessionManager
+    from code_sandbox.service import SandboxService
 
     printed = {"stdout": 0, "stderr": 0}
     sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
@@ -175,15 +176,10 @@ async def _run_local(
         printed[stream] += len(data)
 
     with DockerEngine.for_settings(settings) as engine:
-        marker = ServerMarker.acquire(default_state_dir())
-        manager = SessionManager(engine, profile, replace(settings, warm_pool=0), owner=marker.owner)
-        try:
-            result = await run_local(
-                manager, path, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout_seconds, output=show
-            )
-        finally:
-            await manager.shutdown()
-            marker.release(leave_marker=len(manager) > 0)
+        service = SandboxService(replace(settings, warm_pool=0), profile, engine=engine)
+        result = await run_local(
+            service, path, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout_seconds, output=show
+        )
     # Whatever did not stream (a client that fell behind) comes from the result.
     await show("stdout", result.stdout_raw[printed["stdout"] :])
     await show("stderr", result.stderr_raw[printed["stderr"] :])
@@ -225,7 +221,7 @@ def doctor() -> None:
         rows.append(("PASS" if finding.passed else "FAIL", finding.name, finding.detail))
         if finding.fix:
             rows.append(("", "", f"fix: {finding.fix}"))
-    _print_table(None, rows)
+    print_table(None, rows)
     if not all(finding.passed for finding in findings):
         raise typer.Exit(1)
 
@@ -318,7 +314,7 @@ def verify_image_command() -> None:
             report = verify_image(engine, profile)
         except SandboxError as error:
             fail(error)
-    _print_table(None, [("PASS" if check.passed else "FAIL", check.name, check.detail) for check in report.checks])
+    print_table(None, [("PASS" if check.passed else "FAIL", check.name, check.detail) for check in report.checks])
     if not report.passed:
         typer.echo(
             "code-sandbox: the image failed verification (fix: run `code-sandbox build-image --offline`)", err=True
@@ -365,16 +361,16 @@ def reap(
             for verdict, action in zip(verdicts, actions, strict=True):
                 container = verdict.container
                 rows.append((
-                    _shown(container.labels.get(LABEL_SESSION, "?"), 16),
-                    _shown(container.labels.get(LABEL_PROFILE, "?"), 20),
-                    _duration(now - container.created) if container.created is not None else "?",
-                    _duration(verdict.expires_at - now) if verdict.expires_at is not None else "?",
-                    _shown(container.state, 8),
-                    _server_of(container.labels),
+                    shown(container.labels.get(LABEL_SESSION, "?"), 16),
+                    shown(container.labels.get(LABEL_PROFILE, "?"), 20),
+                    duration(now - container.created) if container.created is not None else "?",
+                    duration(verdict.expires_at - now) if verdict.expires_at is not None else "?",
+                    shown(container.state, 8),
+                    server_of(container.labels),
                     "?" if verdict.owner == "unknown" else verdict.owner,
                     f"{action} ({verdict.reason if not all_ else 'all'})",
                 ))  # fmt: skip
-            _print_table(("SESSION", "PROFILE", "AGE", "EXPIRES IN", "STATE", "SERVER", "OWNER", "ACTION"), rows)
+            print_table(("SESSION", "PROFILE", "AGE", "EXPIRES IN", "STATE", "SERVER", "OWNER", "ACTION"), rows)
             failures = actions.count("REMOVAL FAILED")
         except SandboxError as error:
             fail(error)
@@ -384,43 +380,3 @@ def reap(
             f"code-sandbox: {failures} removal(s) failed (fix: check `docker info`, then run reap again)", err=True
         )
         raise typer.Exit(1)
-
-
-def _print_table(header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) -> None:
-    """Columns aligned by rich, without borders; one line per row even when stdout is a pipe or a log."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    console = Console(highlight=False, soft_wrap=True)
-    if not console.is_terminal:
-        console.width = 10_000
-    table = Table(box=None, pad_edge=False, show_header=header is not None, header_style="bold", show_edge=False)
-    for name in header or ("",) * max((len(row) for row in rows), default=0):
-        table.add_column(name, no_wrap=not console.is_terminal)
-    for row in rows:
-        # Plain text ("[...]" is not markup), every character a terminal would act on shown as its escape: a detail
-        # may quote a path inside an image or a package's file name.
-        table.add_row(*(Text(escape_unprintable(cell)) for cell in row))
-    with console.capture() as captured:
-        console.print(table)
-    for line in captured.get().splitlines():
-        typer.echo(line.rstrip())  # rich pads the last column too
-
-
-def _server_of(labels: Mapping[str, str]) -> str:
-    """``token@machine`` from a container's owner and host labels."""
-    return f"{_shown(labels.get(LABEL_OWNER, '?'), 8)}@{_shown(labels.get(LABEL_HOST, '?'), 63)}"
-
-
-def _shown(text: str, limit: int) -> str:
-    """A label's value for the terminal: another server (maybe on another machine) wrote it, so letters, digits and
-    ``.-_:`` only (no escape sequence gets through), at most ``limit`` of them."""
-    return "".join(ch for ch in text[:limit] if ch.isascii() and (ch.isalnum() or ch in ".-_:")) or "?"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 0:
-        return "past"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes < 600 else f"{minutes // 60}h"

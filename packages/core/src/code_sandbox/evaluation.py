@@ -10,46 +10,17 @@ error) is user output: bounded, and never trusted for anything else.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from functools import partial
 
 from code_sandbox.channel import Channel
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import (
-    HOST_GRACE_SECONDS,
-    SURVEY_TIMEOUT_SECONDS,
-    Survey,
-    cleanup_failed,
-    decode_output,
-    require_no_survivors,
-    supervised_call,
-)
 from code_sandbox.limits import OUTPUT_CAP_BYTES
-from code_sandbox.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal, ThrownError
+from code_sandbox.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal
 from code_sandbox.relay import OutputSink, Progress
+from code_sandbox.results import Evaluation, ThrownErrorOutput
 from code_sandbox.sessions import SessionManager
-
-ContextEnd = Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"]
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """How one evaluation ended."""
-
-    value: str | None
-    error: ThrownError | None
-    stdout: str
-    stderr: str
-    stdout_truncated: bool
-    stderr_truncated: bool
-    context_reset: bool
-    context_ended: ContextEnd | None
-    duration_ms: int
-    output_bytes: int
-    cpu_ms: int | None
-    peak_memory_bytes: int | None
+from code_sandbox.supervision import HOST_GRACE_SECONDS, cleanup_failed, decode_output, supervise_call
 
 
 async def evaluate_code(
@@ -63,7 +34,7 @@ async def evaluate_code(
     output: OutputSink | None = None,
 ) -> Evaluation:
     """Evaluate ``code`` in the session's context and prove that nothing but the paused context outlived it."""
-    settings = manager.settings
+    settings = manager.provisioner.settings
     timeout = settings.default_timeout if timeout_seconds is None else timeout_seconds
     if not 1 <= timeout <= settings.max_timeout:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")
@@ -85,23 +56,15 @@ async def evaluate_code(
 async def _evaluate(
     channel: Channel, request: EvaluateRequest, progress: Progress | None, output: OutputSink | None
 ) -> Evaluation:
-    finished = threading.Event()
     host_timeout = request.timeout_ms / 1000 + HOST_GRACE_SECONDS
 
     def call(on_stderr: Callable[[bytes], None] | None) -> EvaluateAnswer | Refusal:
-        try:
-            return channel.transport.evaluate(channel.target, request, timeout=host_timeout, on_stderr=on_stderr)
-        finally:
-            finished.set()
+        return channel.transport.evaluate(channel.target, request, timeout=host_timeout, on_stderr=on_stderr)
 
-    survey = Survey(channel, timeout=host_timeout + SURVEY_TIMEOUT_SECONDS)
-    try:
-        answer = await supervised_call(channel, call, progress, output, finished, what="evaluation")
-        result = await _result(channel, answer)
-        await require_no_survivors(channel, survey)
-        return result
-    finally:
-        survey.cancel()
+    check = partial(_result, channel)
+    return await supervise_call(
+        channel, call, check, call_seconds=host_timeout, progress=progress, output=output, what="evaluation"
+    )
 
 
 async def _result(channel: Channel, answer: EvaluateAnswer | Refusal) -> Evaluation:
@@ -131,15 +94,18 @@ async def _result(channel: Channel, answer: EvaluateAnswer | Refusal) -> Evaluat
         ) from None
     if answer.cleanup != "ok":
         raise await channel.fail_closed(cleanup_failed())
+    error = answer.error
     return Evaluation(
         value=answer.value,
-        error=answer.error,
+        error=None if error is None else ThrownErrorOutput(name=error.name, message=error.message, stack=error.stack),
         stdout=stdout.decode("utf-8", "replace"),
         stderr=stderr.decode("utf-8", "replace"),
         stdout_truncated=answer.stdout_truncated,
         stderr_truncated=answer.stderr_truncated,
         context_reset=answer.context_reset,
         context_ended=answer.context_ended,
+        timed_out=answer.context_ended == "timed_out",
+        oom_killed=answer.context_ended == "oom_killed",
         duration_ms=answer.duration_ms,
         output_bytes=answer.stdout_bytes + answer.stderr_bytes,
         cpu_ms=answer.cpu_ms,

@@ -2,83 +2,28 @@
 
 The runner helper does the work inside the container (process group, output caps, deadline, leftover cleanup,
 OOM detection); this module builds its request from the profile's argv hook, enforces a host-side deadline as a
-safety net, relays progress (:mod:`code_sandbox.relay`), stops a cancelled run at once, and after every run has
-the supervisor's survey prove that no process of the sandbox outlived it.
+safety net, relays progress, stops a cancelled run at once, and after every run has the supervisor's survey prove
+that no process of the sandbox outlived it (:mod:`code_sandbox.supervision`).
 
 Calls on one sandbox are serialized by its lease: a second run (or file call) on a busy sandbox waits until the
 first finishes, which is bounded by that run's timeout. Runs in different sandboxes proceed in parallel.
-
-Cancellation kills the run's processes (``runner --kill-all``) rather than destroying the sandbox: the kill is
-verified by the survey, it takes a fraction of a second, and the model keeps its files. If the kill cannot be
-verified, the sandbox is destroyed instead.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
-from typing import Literal, TypeVar
-
-import anyio
-import anyio.to_thread
 
 from code_sandbox.channel import Channel
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import MAX_ARGUMENT_BYTES, MAX_ARGUMENTS, OUTPUT_CAP_BYTES
 from code_sandbox.paths import validate_entrypoint
-from code_sandbox.protocol import (
-    ExecuteAnswer,
-    ExecuteRequest,
-    KillAllAnswer,
-    ProtocolViolation,
-    Refusal,
-    RunAnswer,
-    RunRequest,
-    SurveyAnswer,
-)
-from code_sandbox.relay import OutputSink, Progress, supervise
+from code_sandbox.protocol import ExecuteAnswer, ExecuteRequest, ProtocolViolation, Refusal, RunAnswer, RunRequest
+from code_sandbox.relay import OutputSink, Progress
+from code_sandbox.results import RunResult, TerminationReason
 from code_sandbox.sessions import SessionManager
+from code_sandbox.supervision import HOST_GRACE_SECONDS, cleanup_failed, decode_output, supervise_call
 from code_sandbox.workspace import PreparedWrite, check_file_reply, file_refusal_error, is_file_refusal
-
-logger = logging.getLogger(__name__)
-_T = TypeVar("_T")
-
-HOST_GRACE_SECONDS = 5.0
-"""How long past the run's deadline the host waits for the runner before it destroys the sandbox."""
-CANCEL_TIMEOUT_SECONDS = 5.0
-CANCEL_KILL_ATTEMPTS = 3
-CANCEL_WAIT_SECONDS = 0.5
-SURVEY_TIMEOUT_SECONDS = 10.0
-SURVEY_RETRY_PAUSES = (0.0, 0.25, 1.0)
-"""Before each new survey after one that could not answer: the first at once, as the run is over already."""
-TerminationReason = Literal["exited", "signaled", "timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed"]
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """How a program ended, exactly."""
-
-    exit_code: int | None
-    signal: str | None
-    timed_out: bool
-    oom_killed: bool
-    stdout: str
-    stderr: str
-    stdout_truncated: bool
-    stderr_truncated: bool
-    termination_reason: TerminationReason
-    duration_ms: int
-    output_bytes: int
-    leftover_processes_killed: int
-    cpu_ms: int | None = None
-    peak_memory_bytes: int | None = None
-    stdout_raw: bytes = b""
-    stderr_raw: bytes = b""
 
 
 def validate_arguments(arguments: Sequence[str]) -> list[str]:
@@ -105,12 +50,12 @@ def prepare_program(
     manager: SessionManager, entrypoint: str, arguments: Sequence[str], *, timeout_seconds: int | None
 ) -> Program:
     """Check a run's entrypoint, arguments and timeout before any sandbox is touched."""
-    settings = manager.settings
+    settings = manager.provisioner.settings
     timeout = settings.default_timeout if timeout_seconds is None else timeout_seconds
     if not 1 <= timeout <= settings.max_timeout:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")
-    path = validate_entrypoint(entrypoint, manager.profile.info.entrypoint_suffixes)
-    return Program(path, manager.profile.build_run_argv(path, validate_arguments(arguments)), timeout)
+    path = validate_entrypoint(entrypoint, manager.provisioner.profile.info.entrypoint_suffixes)
+    return Program(path, manager.provisioner.profile.build_run_argv(path, validate_arguments(arguments)), timeout)
 
 
 async def run_entrypoint(
@@ -171,67 +116,21 @@ async def run_program(
         stderr_cap=OUTPUT_CAP_BYTES,
         stream=output is not None,
     )
-    finished = threading.Event()
     host_timeout = timeout + HOST_GRACE_SECONDS + (files.seconds if files is not None else 0)
 
     def call(on_stderr: Callable[[bytes], None] | None) -> RunAnswer | ExecuteAnswer | Refusal:
         transport, target = channel.transport, channel.target
-        try:
-            if files is None:
-                return transport.run(target, request, timeout=host_timeout, on_stderr=on_stderr)
-            one_shot = ExecuteRequest(write=files.request, run=request)
-            return transport.execute(
-                target, one_shot, payload=files.payload(), timeout=host_timeout, on_stderr=on_stderr
-            )
-        finally:
-            finished.set()
+        if files is None:
+            return transport.run(target, request, timeout=host_timeout, on_stderr=on_stderr)
+        one_shot = ExecuteRequest(write=files.request, run=request)
+        return transport.execute(target, one_shot, payload=files.payload(), timeout=host_timeout, on_stderr=on_stderr)
 
-    survey = Survey(channel, timeout=host_timeout + SURVEY_TIMEOUT_SECONDS)
-    try:
-        return await _run_and_verify(channel, request, call, survey, progress, output, finished, files)
-    finally:
-        survey.cancel()
+    async def check(answer: RunAnswer | ExecuteAnswer | Refusal) -> RunResult:
+        return await _result(channel, request, await _run_half(channel, files, answer))
 
-
-async def _run_and_verify(
-    channel: Channel,
-    request: RunRequest,
-    call: Callable[[Callable[[bytes], None] | None], RunAnswer | ExecuteAnswer | Refusal],
-    survey: Survey,
-    progress: Progress | None,
-    output: OutputSink | None,
-    finished: threading.Event,
-    files: PreparedWrite | None,
-) -> RunResult:
-    answer = await supervised_call(channel, call, progress, output, finished, what="run")
-    result = await _result(channel, request, await _run_half(channel, files, answer))
-    await require_no_survivors(channel, survey)
-    return result
-
-
-async def supervised_call(
-    channel: Channel,
-    call: Callable[[Callable[[bytes], None] | None], _T],
-    progress: Progress | None,
-    output: OutputSink | None,
-    finished: threading.Event,
-    *,
-    what: str,
-) -> _T:
-    """A run's (or an evaluation's) runner call in a worker thread, its progress relayed: a crash or a hang destroys
-    the sandbox, and a cancellation kills every process of the sandbox user (:func:`cancel_run`)."""
-    crashed = SandboxError(
-        ErrorCode.SUPERVISOR_FAILED,
-        f"the {what}'s supervisor was stopped or answered out of protocol; the sandbox was destroyed",
+    return await supervise_call(
+        channel, call, check, call_seconds=host_timeout, progress=progress, output=output, what="run"
     )
-    hung = SandboxError(ErrorCode.TIMEOUT, f"the {what} did not stop at its deadline; the sandbox was destroyed")
-    try:
-        async with channel.guard(crashed=crashed, hung=hung):
-            return await supervise(call, progress, output)
-    except anyio.get_cancelled_exc_class():
-        with anyio.CancelScope(shield=True):
-            await cancel_run(channel, finished)
-        raise
 
 
 async def _run_half(
@@ -304,119 +203,3 @@ async def _result(channel: Channel, request: RunRequest, answer: RunAnswer | Ref
         cpu_ms=answer.cpu_ms,
         peak_memory_bytes=answer.peak_memory_bytes,
     )
-
-
-def decode_output(b64: str, total: int, truncated: bool) -> bytes:
-    """The kept bytes of one stream, checked against the counts the runner reported with them."""
-    try:
-        kept = base64.b64decode(b64, validate=True)
-    except (binascii.Error, ValueError):
-        raise ProtocolViolation("output") from None
-    consistent = len(kept) <= OUTPUT_CAP_BYTES and len(kept) <= total and truncated == (total > OUTPUT_CAP_BYTES)
-    if not consistent or (not truncated and len(kept) != total):
-        raise ProtocolViolation("output")
-    return kept
-
-
-def cleanup_failed() -> SandboxError:
-    return SandboxError(
-        ErrorCode.PROCESS_CLEANUP_FAILED,
-        "processes the program left behind could not be stopped; the sandbox was destroyed",
-    )
-
-
-class Survey:
-    """The supervisor's count of processes that outlived a run, started early so that its start-up is not paid
-    after the run.
-
-    ``runner --survey`` runs as the supervisor uid, which user code can neither signal nor read; it waits for one
-    byte on stdin and then counts every live process of any other unprivileged uid in the container. Started
-    beside a run, it costs the run only that byte and the scan. Without the byte (:meth:`cancel`) it ends unheard.
-    """
-
-    def __init__(self, channel: Channel, *, timeout: float) -> None:
-        self._gate = threading.Event()
-        self._go = False
-        self._answer: SurveyAnswer | Refusal | None = None
-        self._call = partial(channel.transport.survey, channel.target, self._release, timeout=timeout)
-        self._thread = threading.Thread(target=self._work, name="code-sandbox survey", daemon=True)
-        self._thread.start()
-
-    def _release(self) -> bool:
-        self._gate.wait()
-        return self._go
-
-    def _work(self) -> None:
-        try:
-            self._answer = self._call()
-        except Exception:  # any failure leaves no answer, which counts as "not proven"
-            self._answer = None
-
-    async def count(self) -> int | None:
-        """Let the survey scan now (the run is over) and return how many processes outlived it, or ``None``."""
-        self._go = True
-        self._gate.set()
-        with anyio.move_on_after(SURVEY_TIMEOUT_SECONDS):
-            await anyio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
-        answer = self._answer
-        return answer.alive if isinstance(answer, SurveyAnswer) else None
-
-    def cancel(self) -> None:
-        """End a survey that will not be needed (the run failed); harmless after :meth:`count`."""
-        self._gate.set()
-
-
-async def require_no_survivors(channel: Channel, survey: Survey) -> None:
-    """Destroy the sandbox (``PROCESS_CLEANUP_FAILED``) unless a survey proves that nothing outlived the run.
-
-    Shielded: a cancellation must skip neither the proof nor the destroy. A survey that could not answer is asked
-    again after a pause (:data:`SURVEY_RETRY_PAUSES`): one started beside a program that filled its pid limit, or
-    its memory limit while the kernel still frees it, cannot start. Only a count of zero passes; any other count
-    destroys the sandbox at once.
-    """
-    with anyio.CancelScope(shield=True):
-        alive = await survey.count()
-        for pause in SURVEY_RETRY_PAUSES:
-            if alive is not None:
-                break
-            await anyio.sleep(pause)
-            alive = await Survey(channel, timeout=SURVEY_TIMEOUT_SECONDS).count()
-        if alive != 0:
-            what = "the survey could not answer" if alive is None else f"{alive} process(es) outlived their run"
-            logger.warning("sandbox %s: %s", channel.name, what)
-            raise await channel.fail_closed(cleanup_failed())
-
-
-async def verify_cleanup(channel: Channel) -> None:
-    """Prove now that no process of the sandbox user is left, or destroy the sandbox."""
-    await require_no_survivors(channel, Survey(channel, timeout=SURVEY_TIMEOUT_SECONDS))
-
-
-async def cancel_run(channel: Channel, finished: threading.Event) -> None:
-    """Kill every process of the sandbox user at once and wait for the abandoned run call to end.
-
-    The kill is repeated while the call lingers: a cancel that lands while the runner is still being started
-    must not let it start afterwards and run unsupervised. If the call does not end, or the kill cannot be
-    verified by the supervisor's survey, the sandbox is destroyed.
-    """
-    kill_all = partial(channel.transport.kill_all, channel.target, timeout=CANCEL_TIMEOUT_SECONDS)
-    for _attempt in range(CANCEL_KILL_ATTEMPTS):
-        try:
-            answer = await anyio.to_thread.run_sync(kill_all, abandon_on_cancel=True)
-        except SandboxError:
-            break
-        if not (isinstance(answer, KillAllAnswer) and answer.cleanup == "ok"):
-            break
-        # A threading.Event set by a worker thread: polled, because anyio.Event cannot be set from that thread
-        # once the waiting task has been cancelled.
-        with anyio.move_on_after(CANCEL_WAIT_SECONDS):
-            while not finished.is_set():  # noqa: ASYNC110
-                await anyio.sleep(0.02)
-        if finished.is_set():
-            try:
-                await verify_cleanup(channel)
-            except SandboxError:
-                return  # destroyed by verify_cleanup
-            logger.info("sandbox %s: cancelled run stopped", channel.name)
-            return
-    await channel.fail_closed(cleanup_failed())

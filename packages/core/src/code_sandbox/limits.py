@@ -13,6 +13,10 @@ WORKSPACE_BYTES = 64 * MiB
 """The workspace tmpfs; the file helper refuses writes past it, counting file bytes."""
 
 # The file tools.
+MAX_PATH_BYTES = 1024
+"""A workspace path's length in UTF-8 bytes; the tools' schemas state it in characters, as many as its bytes at most."""
+MAX_PATH_DEPTH = 20
+"""Components of a workspace path."""
 MAX_FILE_BYTES = 2 * MiB
 MAX_CODE_CHARS = 512 * 1024
 """The code of one evaluation, in characters: a request frame of it stays under the runner's 4 MiB whatever it holds."""

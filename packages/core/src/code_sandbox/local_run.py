@@ -1,25 +1,21 @@
 """`code-sandbox run`: run a local file or folder in a fresh sandbox of the served profile, without an MCP client.
 
-The files are read into memory and written exactly as ``write_files`` writes them; output streams back while the
-program runs, and the sandbox is destroyed afterwards whatever happened.
+The files are read into memory and run as the one-shot tool runs its files (:meth:`SandboxService.execute`); output
+streams back while the program runs, and the sandbox is removed afterwards whatever happened.
 """
 
 from __future__ import annotations
 
-import contextlib
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-import anyio
-
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import RunResult, run_entrypoint
 from code_sandbox.limits import MAX_FILES_PER_CALL
 from code_sandbox.paths import validate_path
 from code_sandbox.relay import OutputSink
-from code_sandbox.sessions import SessionManager
-from code_sandbox.workspace import write_files
+from code_sandbox.results import RunResult
+from code_sandbox.service import SandboxService
 
 
 def collect_files(path: Path, *, ignored: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
@@ -87,7 +83,7 @@ def choose_entrypoint(files: Sequence[tuple[str, str]], requested: str | None, d
 
 
 async def run_local(
-    manager: SessionManager,
+    service: SandboxService,
     path: Path,
     *,
     entrypoint: str | None,
@@ -95,16 +91,10 @@ async def run_local(
     timeout_seconds: int | None,
     output: OutputSink,
 ) -> RunResult:
-    """Create a sandbox, copy the files in from memory, run, stream output, and destroy the sandbox."""
-    info = manager.profile.info
+    """Run a local file or folder as a one-shot of ``service``, started for it alone: its liveness marker and its
+    sandbox, without a server's sweep, reaper or warm pool."""
+    info = service.profile.info
     files = collect_files(path, ignored=info.ignored_directories)
     chosen = choose_entrypoint(files, entrypoint, info.default_entrypoints)
-    session = await manager.create()
-    try:
-        await write_files(manager, session.id, files, overwrite=False)
-        return await run_entrypoint(
-            manager, session.id, chosen, arguments, timeout_seconds=timeout_seconds, output=output
-        )
-    finally:
-        with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
-            await manager.destroy(session.id)
+    async with service.running(background=False):
+        return await service.execute(files, chosen, arguments, timeout_seconds=timeout_seconds, output=output)

@@ -18,10 +18,9 @@ import unicodedata
 import urllib.parse
 
 from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.limits import MAX_PATH_BYTES, MAX_PATH_DEPTH
 
-MAX_PATH_BYTES = 1024
 MAX_COMPONENT_BYTES = 255
-MAX_DEPTH = 20
 _MAX_DECODE_ROUNDS = 8
 
 # What each refused category is, in an error's words. A control character can end a line or drive a terminal; a
@@ -85,8 +84,8 @@ def validate_path(raw: str, *, allow_root: bool = False) -> str:
     if len(path.encode()) > MAX_PATH_BYTES:
         raise _invalid(f"the path is longer than {MAX_PATH_BYTES} bytes")
     components = path.split("/")
-    if len(components) > MAX_DEPTH:
-        raise _invalid(f"the path is deeper than {MAX_DEPTH} levels")
+    if len(components) > MAX_PATH_DEPTH:
+        raise _invalid(f"the path is deeper than {MAX_PATH_DEPTH} levels")
     for component in components:
         if component == "..":
             raise _traversal()

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from code_sandbox.limits import MAX_CODE_CHARS, MAX_FILE_BYTES
+from code_sandbox.limits import MAX_CODE_CHARS, MAX_FILE_BYTES, MAX_PATH_BYTES
 from code_sandbox.limits import MAX_VALUE_CHARS as VALUE_CUT
 
 PROTOCOL_VERSION = 6
@@ -26,13 +26,15 @@ MAX_B64_CHARS = (64 * 1024 * 1024 * 4) // 3 + 4
 """Base64 of the runner's largest output cap (64 MiB)."""
 MAX_READ_CHARS = (MAX_FILE_BYTES + 2) // 3 * 4
 """A read's content: base64 of the largest file; a text read is held to its byte counts by the caller."""
-MAX_PATH_CHARS = 8192
+MAX_LISTED_PATH_CHARS = 8192
+"""A listed path: user code names what it makes, up to the kernel's PATH_MAX (4096 bytes), past any path the host
+sends (:data:`WorkspacePath`); a listing shows it all the same."""
 MAX_LIST_ENTRIES = 1000
 MAX_RESULTS = 100
 
 Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
 WriteStatus = Literal["written", "overwritten", "exists"]
-DeleteStatus = Literal["deleted", "missing", "not_a_file"]
+DeleteOutcome = Literal["deleted", "missing", "not_a_file"]
 Base64 = Annotated[str, StringConstraints(max_length=MAX_B64_CHARS, pattern=r"^[A-Za-z0-9+/]*={0,2}$")]
 
 
@@ -44,7 +46,8 @@ class Message(BaseModel):
 
 # -- requests (host to helper) ------------------------------------------------------------------------------------
 
-WorkspacePath = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_CHARS)]
+WorkspacePath = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_BYTES)]
+"""A path the host sends, checked first (:func:`code_sandbox.paths.validate_path`): no more characters than bytes."""
 
 
 class WriteRequest(Message):
@@ -68,7 +71,7 @@ class WriteHeader(Message):
 
 
 class ListRequest(Message):
-    path: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_CHARS)]  # "." is the workspace root
+    path: WorkspacePath  # "." is the workspace root
     recursive: bool
     max_depth: Count
     max_entries: Count
@@ -180,6 +183,10 @@ class ThrownError(Message):
     stack: Annotated[str, StringConstraints(max_length=16 * 1024)]
 
 
+ContextEnd = Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"]
+"""Why an evaluation context ended."""
+
+
 class EvaluateAnswer(Supervised):
     """How an evaluation ended: a value or an error while the context lives on (``context_pid`` names it, paused,
     for the survey to spare), or why the context ended (``context_ended``), with a run's output and usage fields."""
@@ -190,7 +197,7 @@ class EvaluateAnswer(Supervised):
     context_pid: Annotated[int, Field(ge=1, le=2**32)] | None
     context_started: Annotated[int, Field(ge=0, le=10**15)] | None
     """The paused context's start time (clock ticks after boot): with its pid, the survey spares that process only."""
-    context_ended: Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"] | None
+    context_ended: ContextEnd | None
 
 
 class KillAllAnswer(Message):
@@ -253,7 +260,7 @@ class ExecuteAnswer(Message):
 
 
 class ListRow(Message):
-    path: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_CHARS)]
+    path: Annotated[str, StringConstraints(min_length=1, max_length=MAX_LISTED_PATH_CHARS)]
     type: Literal["file", "directory"]
     size: Count
 
@@ -273,7 +280,7 @@ class ReadAnswer(Message):
 
 class DeleteAnswer(Message):
     ok: Literal[True]
-    results: Annotated[list[DeleteStatus], Field(max_length=MAX_RESULTS)]
+    results: Annotated[list[DeleteOutcome], Field(max_length=MAX_RESULTS)]
 
 
 class DigestAnswer(Message):

@@ -1,4 +1,5 @@
-"""The MCP tools' input and output models: strict, bounded, every field described.
+"""The MCP tools' input and output models: strict, bounded, every field described. The run and evaluate tools'
+outputs are core's results (:mod:`code_sandbox.results`).
 
 Input models refuse unknown fields and never coerce types. Bounds appear in the JSON schema, so a client sees
 them before it calls. The run models are built per server, because their timeout bounds are settings.
@@ -20,19 +21,18 @@ from code_sandbox.limits import (
     MAX_FILE_BYTES,
     MAX_FILES_PER_CALL,
     MAX_LIST_DEPTH,
+    MAX_PATH_BYTES,
+    MAX_PATH_DEPTH,
     WORDS,
 )
+from code_sandbox.protocol import DeleteOutcome, WorkspacePath, WriteStatus
+from code_sandbox.results import Output
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{43}$"
-MAX_PATH_CHARS = 1024
 
 
 class StrictInput(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class Output(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 SessionId = Annotated[
@@ -44,25 +44,25 @@ SessionId = Annotated[
         max_length=43,
     ),
 ]
-WorkspacePath = Annotated[
-    str,
+PathInput = Annotated[
+    WorkspacePath,
     Field(
         description=(
             "A path relative to the workspace root, with '/' separators, e.g. 'data/input.txt'. No absolute paths, "
             "'..', '.', empty components, drive letters, ':' or a leading '-'; no control, invisible (bidi, "
-            "zero-width), line-separator, private-use or unassigned characters. At most 1024 bytes and 20 levels."
-        ),
-        min_length=1,
-        max_length=MAX_PATH_CHARS,
+            "zero-width), line-separator, private-use or unassigned characters. "
+            f"At most {MAX_PATH_BYTES} bytes and {MAX_PATH_DEPTH} levels."
+        )
     ),
 ]
+"""A path argument: the helper protocol's path, its bound (:data:`MAX_PATH_BYTES`) in the schema, described."""
 
 
 Encoding = Literal["utf-8", "base64"]
 
 
 class FileInput(StrictInput):
-    path: WorkspacePath
+    path: PathInput
     content: Annotated[
         str,
         Field(
@@ -132,7 +132,7 @@ class ListFilesInput(StrictInput):
         description="The directory to list, relative to the workspace root; '.' (the default) is the root. "
         "The same rules as every path: no control or invisible characters.",
         min_length=1,
-        max_length=MAX_PATH_CHARS,
+        max_length=MAX_PATH_BYTES,
     )
     recursive: bool = Field(default=True, description="Descend into subdirectories (up to max_depth).")
     max_depth: int = Field(
@@ -145,7 +145,7 @@ class ListFilesInput(StrictInput):
 
 class ReadFileInput(StrictInput):
     session_id: SessionId
-    path: WorkspacePath
+    path: PathInput
     max_bytes: int = Field(
         default=DEFAULT_READ_BYTES,
         ge=1,
@@ -163,7 +163,7 @@ class ReadFileInput(StrictInput):
 
 class DeleteFilesInput(StrictInput):
     session_id: SessionId
-    paths: list[WorkspacePath] = Field(
+    paths: list[PathInput] = Field(
         description=f"1 to {MAX_FILES_PER_CALL} regular files to delete. Directories and the workspace root cannot "
         "be deleted.",
         min_length=1,
@@ -244,7 +244,7 @@ def run_input_models(
             description=f"The file to run, relative to the workspace root, ending in {suffixes}; e.g. "
             f"'{example_entrypoint}'. The same rules as every path: no control or invisible characters.",
             min_length=1,
-            max_length=MAX_PATH_CHARS,
+            max_length=MAX_PATH_BYTES,
         ),
     )
     arguments: Any = (
@@ -281,7 +281,7 @@ class CreateSandboxOutput(Output):
 
 class FileStatus(Output):
     path: str = Field(description="The normalised path.")
-    status: Literal["written", "overwritten", "exists"] = Field(
+    status: WriteStatus = Field(
         description="written: created; overwritten: replaced; exists: already there and left as it was."
     )
 
@@ -319,78 +319,13 @@ class ReadFileOutput(Output):
 
 class DeleteStatus(Output):
     path: str
-    status: Literal["deleted", "missing", "not_a_file"] = Field(
+    status: DeleteOutcome = Field(
         description="deleted; missing: there was no such file; not_a_file: a directory or other non-file, left alone."
     )
 
 
 class DeleteFilesOutput(Output):
     results: list[DeleteStatus] = Field(description="One status per requested path, in request order.")
-
-
-class RunOutput(Output):
-    exit_code: int | None = Field(description="The program's exit code; null when a signal killed it.")
-    signal: str | None = Field(description="The signal that killed the program (e.g. SIGKILL), else null.")
-    timed_out: bool = Field(description="True when the program was killed at timeout_seconds.")
-    oom_killed: bool = Field(description=f"True when the {WORDS['memory']} memory limit killed the program.")
-    stdout: str = Field(description=f"Standard output, UTF-8 (invalid bytes replaced), at most {WORDS['output_cap']}.")
-    stderr: str = Field(description=f"Standard error, UTF-8 (invalid bytes replaced), at most {WORDS['output_cap']}.")
-    stdout_truncated: bool = Field(
-        description=f"True when stdout passed {WORDS['output_cap']}; the program was then killed."
-    )
-    stderr_truncated: bool = Field(
-        description=f"True when stderr passed {WORDS['output_cap']}; the program was then killed."
-    )
-    termination_reason: Literal["exited", "signaled", "timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed"] = Field(
-        description="Why the program ended."
-    )
-    duration_ms: int = Field(description="Wall-clock run time in milliseconds.")
-    cpu_ms: int | None = Field(
-        description="CPU time (user + system) the run used, in milliseconds: the program and every process it "
-        "started, read from the sandbox's cgroup counter before and after the run (so a program cannot misreport "
-        "it; the supervising runner's own small share is included). Null where the counter cannot be read."
-    )
-    peak_memory_bytes: int | None = Field(
-        description="The most memory the run used at once, in bytes: the sandbox cgroup's memory (the program, "
-        "its children and the files they wrote to /workspace and /tmp) above what it used just before the run, "
-        "from the cgroup's high-water mark when the run set a new one, else its highest sample (every 20 ms), "
-        "so a short spike below an earlier run's peak can be missed; if the program stopped or reprioritised the "
-        "supervising runner, the cgroup's high-water mark instead (never less than the truth). Null where the "
-        "counter cannot be read."
-    )
-
-
-class ThrownErrorOutput(Output):
-    name: str = Field(description="The error's name, e.g. TypeError; Uncaught when something else was thrown.")
-    message: str = Field(description="The error's message (or what was thrown, rendered).")
-    stack: str = Field(description="The stack frames in your code (evaluated code, workspace files, packages).")
-
-
-class EvaluateOutput(Output):
-    value: str | None = Field(
-        description=f"The value of the last statement, rendered for reading (at most {WORDS['value_max']} of "
-        "characters, nested objects abbreviated); null when the code threw or the context ended."
-    )
-    error: ThrownErrorOutput | None = Field(
-        description="What the code threw, or the rejection of a promise it awaited; null when it did not. The "
-        "context lives on."
-    )
-    stdout: str = Field(description=f"What this call wrote to standard output, at most {WORDS['output_cap']}.")
-    stderr: str = Field(description=f"What this call wrote to standard error, at most {WORDS['output_cap']}.")
-    stdout_truncated: bool = Field(description=f"True when stdout passed {WORDS['output_cap']}; the context ended.")
-    stderr_truncated: bool = Field(description=f"True when stderr passed {WORDS['output_cap']}; the context ended.")
-    context_reset: bool = Field(
-        description="True when this call started a fresh context: the first call, after reset=true, or after the "
-        "context ended (a timeout, output cap, memory limit, crash, or a run in this sandbox)."
-    )
-    context_ended: Literal["timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed", "crashed"] | None = Field(
-        description="Null while the context lives on; else why it ended during this call (every variable is gone)."
-    )
-    timed_out: bool = Field(description="True when the evaluation was stopped at timeout_seconds.")
-    oom_killed: bool = Field(description=f"True when the {WORDS['memory']} memory limit ended the context.")
-    duration_ms: int = Field(description="Wall-clock time of the call in milliseconds.")
-    cpu_ms: int | None = Field(description="CPU time the call used, in milliseconds, as for runs.")
-    peak_memory_bytes: int | None = Field(description="The most memory the call used at once, as for runs.")
 
 
 class DestroyOutput(Output):

@@ -2,7 +2,8 @@
 
 The server owns argument validation (strict models, our error codes, no echo of submitted values) by answering
 ``tools/list`` and ``tools/call`` itself; the SDK's decorated tools would quote the caller's input back. Every
-failure becomes a tool result with ``isError: true`` whose text starts with a stable code.
+failure becomes a tool result with ``isError: true`` whose text starts with a stable code
+(:mod:`code_sandbox.tool_calls`).
 """
 
 from __future__ import annotations
@@ -10,16 +11,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import AsyncGenerator
+from dataclasses import replace
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, cast
 
 import anyio
-from mcp.server import Server, ServerRequestContext
-from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from mcp.server import Server
 from mcp.types import (
     CallToolRequestParams,
     CallToolResult,
@@ -28,19 +28,16 @@ from mcp.types import (
     ListToolsResult,
     PaginatedRequestParams,
     TextContent,
-    Tool,
-    ToolAnnotations,
 )
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from code_sandbox import tool_text
-from code_sandbox.audit import AuditValue
 from code_sandbox.engine import Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.evaluation import evaluate_code
-from code_sandbox.execution import RunResult, prepare_program, run_entrypoint, run_prepared
+from code_sandbox.execution import run_entrypoint
 from code_sandbox.profile import Profile
-from code_sandbox.relay import LastLine, OutputSink, Progress
+from code_sandbox.results import EvaluateOutput, RunOutput, RunResult
 from code_sandbox.schemas import (
     CreateSandboxInput,
     CreateSandboxOutput,
@@ -50,7 +47,6 @@ from code_sandbox.schemas import (
     DestroyOutput,
     Entry,
     EvaluateInput,
-    EvaluateOutput,
     ExecuteInput,
     FileStatus,
     ListFilesInput,
@@ -58,9 +54,7 @@ from code_sandbox.schemas import (
     ReadFileInput,
     ReadFileOutput,
     RunInput,
-    RunOutput,
     SessionInput,
-    ThrownErrorOutput,
     WriteFilesInput,
     WriteFilesOutput,
     evaluate_input_model,
@@ -69,94 +63,10 @@ from code_sandbox.schemas import (
 from code_sandbox.service import SandboxService
 from code_sandbox.sessions import session_hash
 from code_sandbox.settings import Settings
-from code_sandbox.workspace import delete_files, list_files, prepare_write, read_file, write_files
+from code_sandbox.tool_calls import Context, Counts, ToolDef, error_result, live_progress, tool_annotations
+from code_sandbox.workspace import delete_files, list_files, read_file, write_files
 
 logger = logging.getLogger(__name__)
-
-Counts = dict[str, AuditValue]
-Context = ServerRequestContext[None]
-In = TypeVar("In", bound=BaseModel)
-Out = TypeVar("Out", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class ToolDef(Generic[In, Out]):
-    """One tool: its name and text, strict input and output models, annotations, and the handler that turns a
-    validated input into an output (recording what the audit log should count)."""
-
-    name: str
-    description: str
-    input_model: type[In]
-    output_model: type[Out]
-    annotations: ToolAnnotations
-    handler: Callable[[In, Context, Counts], Awaitable[Out]]
-
-    def describe(self) -> Tool:
-        return Tool(
-            name=self.name,
-            description=self.description,
-            input_schema=self.input_model.model_json_schema(),
-            output_schema=self.output_model.model_json_schema(),
-            annotations=self.annotations,
-        )
-
-    async def call(self, arguments: dict[str, Any], context: Context, counts: Counts) -> Out:
-        try:
-            params = self.input_model.model_validate(arguments)
-        except ValidationError as exc:
-            raise validation_error(exc) from None
-        return await self.handler(params, context, counts)
-
-
-def _annotations(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
-    return ToolAnnotations(
-        read_only_hint=read_only, destructive_hint=destructive, idempotent_hint=idempotent, open_world_hint=False
-    )
-
-
-def error_result(error: SandboxError) -> CallToolResult:
-    return CallToolResult(
-        content=[TextContent(type="text", text=f"{error.code}: {error.message}")],
-        structured_content={"error": {"code": str(error.code), "message": error.message}},
-        is_error=True,
-    )
-
-
-# Schema violations that have a more precise code than INVALID_REQUEST: (last field name, pydantic error type).
-_PRECISE_CODES = {("content", "string_too_long"): ErrorCode.FILE_TOO_LARGE}
-
-
-def validation_error(exc: ValidationError) -> SandboxError:
-    """Describe what is wrong by field and rule only: never the submitted value, never an unknown field's name."""
-    problems: list[str] = []
-    codes: set[ErrorCode] = set()
-    for error in exc.errors(include_input=False, include_url=False, include_context=False):
-        location = [str(part) for part in error["loc"]]
-        codes.add(_PRECISE_CODES.get((location[-1] if location else "", error["type"]), ErrorCode.INVALID_REQUEST))
-        if error["type"] == "extra_forbidden":
-            problems.append(f"{'.'.join(location[:-1]) or 'arguments'}: unknown field (not allowed)")
-        else:
-            problems.append(f"{'.'.join(location) or 'arguments'}: {error['msg']}")
-    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-    code = codes.pop() if len(codes) == 1 else ErrorCode.INVALID_REQUEST
-    return SandboxError(code, "invalid arguments: " + "; ".join(problems[:5]) + more)
-
-
-def _run_output(result: RunResult) -> RunOutput:
-    return RunOutput(
-        exit_code=result.exit_code,
-        signal=result.signal,
-        timed_out=result.timed_out,
-        oom_killed=result.oom_killed,
-        stdout=result.stdout,
-        stderr=result.stderr,
-        stdout_truncated=result.stdout_truncated,
-        stderr_truncated=result.stderr_truncated,
-        termination_reason=result.termination_reason,
-        duration_ms=result.duration_ms,
-        cpu_ms=result.cpu_ms,
-        peak_memory_bytes=result.peak_memory_bytes,
-    )
 
 
 def _files_with_counts(params: WriteFilesInput | ExecuteInput, counts: Counts) -> list[tuple[str, str | bytes]]:
@@ -217,21 +127,21 @@ class SandboxServer(Server[None]):
             default_timeout=settings.default_timeout,
             max_timeout=settings.max_timeout,
         )
-        mutating = _annotations(read_only=False, destructive=False, idempotent=False)
+        mutating = tool_annotations(read_only=False, destructive=False, idempotent=False)
         tools: list[ToolDef[Any, Any]] = [
             ToolDef("create_sandbox", tool_text.CREATE_SANDBOX.format(**words), CreateSandboxInput,
                     CreateSandboxOutput, mutating, self._create),
             ToolDef("write_files", tool_text.WRITE_FILES.format(**words), WriteFilesInput, WriteFilesOutput,
-                    _annotations(read_only=False, destructive=True, idempotent=False), self._write),
+                    tool_annotations(read_only=False, destructive=True, idempotent=False), self._write),
             ToolDef("list_files", tool_text.LIST_FILES.format(**words), ListFilesInput, ListFilesOutput,
-                    _annotations(read_only=True, destructive=False, idempotent=True), self._list),
+                    tool_annotations(read_only=True, destructive=False, idempotent=True), self._list),
             ToolDef("read_file", tool_text.READ_FILE.format(**words), ReadFileInput, ReadFileOutput,
-                    _annotations(read_only=True, destructive=False, idempotent=True), self._read),
+                    tool_annotations(read_only=True, destructive=False, idempotent=True), self._read),
             ToolDef("delete_files", tool_text.DELETE_FILES.format(**words), DeleteFilesInput, DeleteFilesOutput,
-                    _annotations(read_only=False, destructive=True, idempotent=True), self._delete),
+                    tool_annotations(read_only=False, destructive=True, idempotent=True), self._delete),
             ToolDef(info.run_tool_name, "", run_model, RunOutput, mutating, self._run),
             ToolDef("destroy_sandbox", tool_text.DESTROY_SANDBOX.format(**words), SessionInput, DestroyOutput,
-                    _annotations(read_only=False, destructive=True, idempotent=True), self._destroy),
+                    tool_annotations(read_only=False, destructive=True, idempotent=True), self._destroy),
             ToolDef(self.execute_tool_name, "", execute_model, RunOutput, mutating, self._execute),
         ]  # fmt: skip
         if info.evaluate_tool_name is not None:
@@ -259,7 +169,7 @@ class SandboxServer(Server[None]):
         """Name the verified image's packages in the run tools' descriptions. An image that is missing or fails
         verification vendors nothing: every tool that needs a sandbox then says so (IMAGE_INVALID)."""
         try:
-            packages = await self.manager.image_packages()
+            packages = await self.manager.provisioner.image_packages()
         except SandboxError:
             packages = ()
         if packages != self._described:
@@ -370,27 +280,21 @@ class SandboxServer(Server[None]):
         return DestroyOutput(destroyed=await self.manager.destroy(params.session_id))
 
     async def _execute(self, params: ExecuteInput, ctx: Context, counts: Counts) -> BaseModel:
-        # Everything is checked before a sandbox is taken; then the files and the run go as one request.
-        files = prepare_write(_files_with_counts(params, counts), overwrite=False)
-        program = prepare_program(
-            self.manager, params.entrypoint, params.arguments, timeout_seconds=params.timeout_seconds
+        progress, output = live_progress(ctx)
+        result = await self.service.execute(
+            _files_with_counts(params, counts),
+            params.entrypoint,
+            params.arguments,
+            timeout_seconds=params.timeout_seconds,
+            progress=progress,
+            output=output,
+            on_created=lambda session: counts.update(session_hash=session.hash),
         )
-        if program.entrypoint not in (path for path, _data in files.files):
-            raise SandboxError(ErrorCode.INVALID_REQUEST, "the entrypoint must be one of the files")
-        session = await self.manager.create()
-        counts["session_hash"] = session.hash
-        try:
-            progress, output = self._live(ctx)
-            result = await run_prepared(
-                self.manager, session.id, program, files=files, progress=progress, output=output
-            )
-        finally:
-            await self.service.remove_after_reply(session.id)  # the result goes out first
         _run_counts(counts, result)
-        return _run_output(result)
+        return result
 
     async def _run(self, params: RunInput, ctx: Context, counts: Counts) -> BaseModel:
-        progress, output = self._live(ctx)
+        progress, output = live_progress(ctx)
         result = await run_entrypoint(
             self.manager,
             params.session_id,
@@ -401,10 +305,10 @@ class SandboxServer(Server[None]):
             output=output,
         )
         _run_counts(counts, result)
-        return _run_output(result)
+        return result
 
     async def _evaluate(self, params: EvaluateInput, ctx: Context, counts: Counts) -> BaseModel:
-        progress, output = self._live(ctx)
+        progress, output = live_progress(ctx)
         counts.update(code_chars=len(params.code), reset=params.reset)
         result = await evaluate_code(
             self.manager,
@@ -422,40 +326,4 @@ class SandboxServer(Server[None]):
             cpu_ms=result.cpu_ms,
             peak_memory_bytes=result.peak_memory_bytes,
         )
-        error = result.error
-        return EvaluateOutput(
-            value=result.value,
-            error=None
-            if error is None
-            else ThrownErrorOutput(name=error.name, message=error.message, stack=error.stack),
-            stdout=result.stdout,
-            stderr=result.stderr,
-            stdout_truncated=result.stdout_truncated,
-            stderr_truncated=result.stderr_truncated,
-            context_reset=result.context_reset,
-            context_ended=result.context_ended,
-            timed_out=result.context_ended == "timed_out",
-            oom_killed=result.context_ended == "oom_killed",
-            duration_ms=result.duration_ms,
-            cpu_ms=result.cpu_ms,
-            peak_memory_bytes=result.peak_memory_bytes,
-        )
-
-    @staticmethod
-    def _live(ctx: Context) -> tuple[Progress | None, OutputSink | None]:
-        """What a run reports while it goes, if the client asked for progress (a progress token in the request):
-        a notification at most once a second with the time, the output bytes and the last output line."""
-        if progress_token_from_params(ctx.params) is None:
-            return None, None  # no progress wanted: the run's output is not streamed either
-        last = LastLine()
-        sent = [float("-inf")]
-
-        async def report(elapsed: float, output_bytes: int) -> None:
-            await anyio.sleep(max(0.0, sent[0] + 1.0 - time.monotonic()))
-            sent[0] = time.monotonic()
-            message = f"running for {elapsed:.0f}s, {output_bytes} output bytes"
-            if last.stream is not None:
-                message += f"; last {last.stream} line: {last.text}"
-            await ctx.session.report_progress(round(elapsed, 1), None, message)
-
-        return report, last.feed
+        return result

@@ -1,5 +1,6 @@
 """The sandboxes of one server process, started and stopped as one: the session manager, its background work (the
-start-up sweep, the reaper, the warm pool), the liveness marker and the audit log.
+start-up sweep, the reaper, the warm pool), the liveness marker and the audit log; and the one-shot, a run in a
+sandbox of its own, which the one-shot tool and ``code-sandbox run`` both are.
 
 It imports no MCP code, so that ``serve`` can start it, and the pool can fill, while the SDK is still loading.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -19,14 +20,18 @@ import anyio.to_thread
 from code_sandbox.audit import AuditLog
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine
-from code_sandbox.errors import SandboxError
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.execution import prepare_program, run_prepared
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.image import VerifiedImages
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.profile import Profile
-from code_sandbox.sessions import SessionManager
+from code_sandbox.relay import OutputSink, Progress
+from code_sandbox.results import RunResult
+from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
 from code_sandbox.sweep import sweep_managed
+from code_sandbox.workspace import prepare_write
 
 logger = logging.getLogger(__name__)
 
@@ -49,40 +54,80 @@ class SandboxService:
         verified = VerifiedImages(self.state_dir / "verified-images")
         self.manager = SessionManager(self.engine, profile, settings, verified=verified)
         self.audit = AuditLog(settings.audit_log, enabled=settings.audit_enabled)
+        self._running = False
         self._background: anyio.abc.TaskGroup | None = None
-        """While running: work that outlives a call (a one-shot sandbox's removal) runs in this task group."""
+        """While running with background work: work that outlives a call (a one-shot sandbox's removal) runs in
+        this task group."""
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncGenerator[None]:
-        """Run the background work until the block ends, then remove every sandbox; re-entering a running service
-        does nothing (``serve`` starts it before the MCP server, whose lifespan enters it again)."""
-        if self._background is not None:
+    async def running(self, *, background: bool = True) -> AsyncGenerator[None]:
+        """Hold the liveness marker and run the background work until the block ends, then remove every sandbox;
+        re-entering a running service does nothing (``serve`` starts it before the MCP server, whose lifespan
+        enters it again).
+
+        :param background: a server's work besides its calls: the start-up sweep, the reaper, the warm pool, and
+            one-shot sandboxes removed after their reply. Without it (a command that makes one sandbox), a
+            one-shot's sandbox is removed before its result returns, and an error leaves the block as it was raised.
+        """
+        if self._running:
             yield None
             return
         # Held until the end: while this lock is held, other servers' sweeps leave our containers alone, and once
         # the process is gone (however it ended) they may remove what it left.
         marker = await anyio.to_thread.run_sync(ServerMarker.acquire, self.state_dir)
-        self.manager.owner = marker.owner
+        self.manager.provisioner.owner = marker.owner
         atexit.register(self.manager.remove_all_now)
+        self._running = True
         try:
-            async with anyio.create_task_group() as group:
-                self._background = group
-                group.start_soon(self._sweep)
-                group.start_soon(self.manager.run_reaper)
-                group.start_soon(self.manager.run_pool)
+            async with contextlib.AsyncExitStack() as stack:
+                if background:
+                    group = await stack.enter_async_context(anyio.create_task_group())
+                    stack.callback(group.cancel_scope.cancel)  # once every sandbox is removed
+                    self._background = group
+                    group.start_soon(self._sweep)
+                    group.start_soon(self.manager.run_reaper)
+                    group.start_soon(self.manager.pool.run)
                 try:
                     yield None
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self.manager.shutdown()
-                    group.cancel_scope.cancel()
         finally:
+            self._running = False
             self._background = None
             self.audit.close()
             left = len(self.manager)
             if not left:  # else the exit handler gets one more try at what shutdown could not remove
                 atexit.unregister(self.manager.remove_all_now)
             marker.release(leave_marker=left > 0)  # a marker left behind reads "dead": its orphans get swept
+
+    async def execute(
+        self,
+        files: Sequence[tuple[str, str | bytes]],
+        entrypoint: str,
+        arguments: Sequence[str],
+        *,
+        timeout_seconds: int | None,
+        progress: Progress | None = None,
+        output: OutputSink | None = None,
+        on_created: Callable[[Session], None] | None = None,
+    ) -> RunResult:
+        """A one-shot: write ``files`` into a new sandbox and run ``entrypoint``, one of them, as one request; the
+        sandbox is removed after the result goes out (:meth:`remove_after_reply`).
+
+        Everything is checked before a sandbox is taken. ``on_created`` hears of the sandbox once it exists.
+        """
+        write = prepare_write(files, overwrite=False)
+        program = prepare_program(self.manager, entrypoint, arguments, timeout_seconds=timeout_seconds)
+        if program.entrypoint not in (path for path, _data in write.files):
+            raise SandboxError(ErrorCode.INVALID_REQUEST, "the entrypoint must be one of the files")
+        session = await self.manager.create()
+        if on_created is not None:
+            on_created(session)
+        try:
+            return await run_prepared(self.manager, session.id, program, files=write, progress=progress, output=output)
+        finally:
+            await self.remove_after_reply(session.id)
 
     async def remove_after_reply(self, session_id: str) -> None:
         """Take a one-shot's sandbox out of use now and remove its container in the background, so that the result

@@ -25,7 +25,7 @@ from code_sandbox.engine import Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import user_of
 from code_sandbox.image import VerifiedImages
-from code_sandbox.pool import POOL_RETRY_SECONDS, WarmPool
+from code_sandbox.pool import WarmPool
 from code_sandbox.profile import Profile
 from code_sandbox.provisioner import Provisioned, Provisioner, run_sync
 from code_sandbox.settings import Settings
@@ -91,7 +91,7 @@ class SessionManager:
         transport: Transport | None = None,
         verified: VerifiedImages | None = None,
     ) -> None:
-        self._provisioner = Provisioner(
+        self.provisioner = Provisioner(
             engine,
             profile,
             settings,
@@ -99,72 +99,12 @@ class SessionManager:
             transport=transport or ChannelTransport(engine, profile),
             verified=verified,
         )
-        self._pool = WarmPool(self._provisioner, clock)
+        """Makes the containers; it holds what they are made with (engine, profile, settings, owner, transport)."""
+        self.clock = clock
+        """Seconds on a monotonic clock; idle timeouts, lifetimes and the pool's deadlines are measured with it."""
+        self.pool = WarmPool(self.provisioner, lambda: self.clock())  # the manager's clock, even once replaced
         self._sessions: dict[str, Session] = {}
         self._closing = False
-
-    # -- what the parts share: one value each, held by the part that uses it, read and replaced here ------------
-
-    @property
-    def engine(self) -> Engine:
-        return self._provisioner.engine
-
-    @engine.setter
-    def engine(self, engine: Engine) -> None:
-        self._provisioner.engine = engine
-
-    @property
-    def transport(self) -> Transport:
-        """How calls reach the helpers inside the sandboxes."""
-        return self._provisioner.transport
-
-    @transport.setter
-    def transport(self, transport: Transport) -> None:
-        self._provisioner.transport = transport
-
-    @property
-    def verified(self) -> VerifiedImages | None:
-        """Image verifications that earlier server processes recorded (the state directory), if any."""
-        return self._provisioner.verified
-
-    @verified.setter
-    def verified(self, verified: VerifiedImages | None) -> None:
-        self._provisioner.verified = verified
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        """Seconds on a monotonic clock; idle timeouts, lifetimes and the pool's deadlines are measured with it."""
-        return self._pool.clock
-
-    @clock.setter
-    def clock(self, clock: Callable[[], float]) -> None:
-        self._pool.clock = clock
-
-    @property
-    def profile(self) -> Profile:
-        return self._provisioner.profile
-
-    @profile.setter
-    def profile(self, profile: Profile) -> None:
-        self._provisioner.profile = profile
-
-    @property
-    def settings(self) -> Settings:
-        return self._provisioner.settings
-
-    @settings.setter
-    def settings(self, settings: Settings) -> None:
-        self._provisioner.settings = settings
-
-    @property
-    def owner(self) -> str:
-        """This server process (its liveness marker's token, :mod:`code_sandbox.liveness`); labels its containers
-        from the moment it is set."""
-        return self._provisioner.owner
-
-    @owner.setter
-    def owner(self, owner: str) -> None:
-        self._provisioner.owner = owner
 
     # -- lookup -------------------------------------------------------------------------------------------------
 
@@ -182,7 +122,7 @@ class SessionManager:
         return session
 
     def _expired(self, session: Session, now: float) -> bool:
-        return now >= session.deadline or now - session.last_used >= self.settings.idle_timeout
+        return now >= session.deadline or now - session.last_used >= self.provisioner.settings.idle_timeout
 
     @contextlib.asynccontextmanager
     async def lease(self, session_id: str) -> AsyncGenerator[Session]:
@@ -204,16 +144,12 @@ class SessionManager:
         """Lease a session (:meth:`lease`) and hand out its helpers, with this manager's fail-closed rule."""
         async with self.lease(session_id) as session:
             yield Channel(
-                self.transport,
+                self.provisioner.transport,
                 Target(session.container_id, session.user),
                 partial(self.fail_closed_with, session),
                 seconds_left=session.deadline - self.clock(),
                 name=session.hash,
             )
-
-    async def image_packages(self) -> tuple[str, ...]:
-        """The packages (``name@version``) vendored in the verified image that new sandboxes are made from."""
-        return await self._provisioner.image_packages()
 
     # -- create -------------------------------------------------------------------------------------------------
 
@@ -221,22 +157,22 @@ class SessionManager:
         """Start a new sandbox container from the verified image (or claim a warm one)."""
         if self._closing:
             raise _shutting_down()
-        if len(self._sessions) >= self.settings.max_sessions:
+        if len(self._sessions) >= self.provisioner.settings.max_sessions:
             raise SandboxError(
                 ErrorCode.SESSION_LIMIT_EXCEEDED,
-                f"at most {self.settings.max_sessions} sandboxes may exist at once; destroy one first",
+                f"at most {self.provisioner.settings.max_sessions} sandboxes may exist at once; destroy one first",
             )
         session_id = secrets.token_urlsafe(32)
         # Reserve the slot before the first await, so concurrent creates cannot pass the cap together.
         self._sessions[session_id] = Session(session_id, "", 0.0, 0.0, self.clock(), state="creating")
-        lifetime = self.settings.max_lifetime
+        lifetime = self.provisioner.settings.max_lifetime
         try:
-            await self._pool.wait_for_first_fill()  # cancellable: nothing is held yet but the placeholder
+            await self.pool.wait_for_first_fill()  # cancellable: nothing is held yet but the placeholder
             # Shielded: a cancellation must not lose the ID of a container that was created (or claimed) anyway.
             made, claimed = Provisioned("", 0), None
             with anyio.CancelScope(shield=True):
-                claimed = await self._pool.claim()
-                made = claimed or await self._provisioner.create_container(session_hash(session_id))
+                claimed = await self.pool.claim()
+                made = claimed or await self.provisioner.create_container(session_hash(session_id))
         except BaseException:
             self._sessions.pop(session_id, None)
             raise
@@ -253,24 +189,9 @@ class SessionManager:
                 await self._destroy_quietly(session)
             raise
         if claimed is None:  # a warm container's channels are open already
-            self._provisioner.prepare_soon(container_id, uid)
+            self.provisioner.prepare_soon(container_id, uid)
         logger.info("session %s created", session.hash)
         return session
-
-    # -- warm pool ----------------------------------------------------------------------------------------------
-
-    async def run_pool(self, retry_seconds: float = POOL_RETRY_SECONDS) -> None:
-        """Keep ``warm_pool`` started containers ready (:meth:`WarmPool.run`)."""
-        await self._pool.run(retry_seconds)
-
-    @property
-    def warm_containers(self) -> tuple[str, ...]:
-        """The container IDs waiting in the warm pool (core-internal, like every container ID)."""
-        return self._pool.warm_containers
-
-    async def wait_for_pool(self) -> None:
-        """Wait until the warm pool is full (benchmarks and tests use it to measure a warm hand-out)."""
-        await self._pool.wait_for_pool()
 
     # -- destroy ------------------------------------------------------------------------------------------------
 
@@ -305,14 +226,14 @@ class SessionManager:
             return  # a placeholder has no container to remove; the create that reserved it takes it out
         session.state = "destroying"
         try:
-            await run_sync(self.engine.remove_container, session.container_id, abandon=abandon)
+            await run_sync(self.provisioner.engine.remove_container, session.container_id, abandon=abandon)
         except SandboxError as error:
             logger.warning("session %s: container removal failed (%s); will retry", session.hash, error.for_operator())
             raise SandboxError(
                 ErrorCode.CONTAINER_REMOVAL_FAILED,
                 "the sandbox could not be removed yet; it is disabled and removal will be retried",
             ) from None
-        self.transport.close(session.container_id)
+        self.provisioner.transport.close(session.container_id)
         self._sessions.pop(session.id, None)
         logger.info("session %s destroyed", session.hash)
 
@@ -341,7 +262,7 @@ class SessionManager:
                 # A container killed under us can still say "running" for a moment; watch it briefly.
                 while not lost:
                     try:
-                        facts = await run_sync(self.engine.container_facts, session.container_id)
+                        facts = await run_sync(self.provisioner.engine.container_facts, session.container_id)
                         lost = facts is None or facts.state != "running"
                     except SandboxError:
                         lost = True
@@ -385,24 +306,24 @@ class SessionManager:
         with anyio.move_on_after(SHUTDOWN_SECONDS, shield=True):
             async with anyio.create_task_group() as group:
                 # The pool filler stops, and discards what it was creating.
-                for container_id in [*self._pool.close(), *self._provisioner.starting]:
-                    group.start_soon(self._provisioner.discard, container_id)
+                for container_id in [*self.pool.close(), *self.provisioner.starting]:
+                    group.start_soon(self.provisioner.discard, container_id)
                 for session in list(self._sessions.values()):
                     if session.provisioned:
                         # Abandonable: a hung daemon must not hold shutdown past its bound; what is left is
                         # removed by the interpreter-exit handler or, at worst, by the container's watchdog.
                         group.start_soon(partial(self._destroy_quietly, session, abandon=True))
-        self.transport.close_all()
+        self.provisioner.transport.close_all()
 
     def remove_all_now(self) -> None:
         """Synchronous last resort for interpreter exit: remove what is left, ignoring failures."""
-        for container_id in [*self._pool.drain(), *self._provisioner.starting]:
+        for container_id in [*self.pool.drain(), *self.provisioner.starting]:
             with contextlib.suppress(Exception):
-                self.engine.remove_container(container_id)
+                self.provisioner.engine.remove_container(container_id)
         for session in list(self._sessions.values()):
             if session.provisioned:
                 with contextlib.suppress(Exception):
-                    self.engine.remove_container(session.container_id)
+                    self.provisioner.engine.remove_container(session.container_id)
                     self._sessions.pop(session.id, None)
 
 

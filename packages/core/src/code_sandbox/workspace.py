@@ -1,4 +1,4 @@
-"""The workspace file tools: write, list, read, delete, digest.
+"""The workspace file tools: write, list, read, delete.
 
 Bytes go from memory over the exec's stdin to the file helper; nothing touches the host filesystem. Every limit
 is checked before anything is written, so a refused write leaves the session and its files as they were. A
@@ -34,10 +34,8 @@ from code_sandbox.paths import validate_path
 from code_sandbox.pictures import picture_type
 from code_sandbox.protocol import (
     DeleteAnswer,
+    DeleteOutcome,
     DeleteRequest,
-    DeleteStatus,
-    DigestAnswer,
-    DigestRequest,
     ListAnswer,
     ListRequest,
     M,
@@ -243,7 +241,7 @@ def _read_bytes(answer: ReadAnswer, max_bytes: int) -> bytes | None:
     return data if whole or cut else None
 
 
-async def delete_files(sandboxes: Sandboxes, session_id: str, paths: Sequence[str]) -> list[DeleteStatus]:
+async def delete_files(sandboxes: Sandboxes, session_id: str, paths: Sequence[str]) -> list[DeleteOutcome]:
     """Delete regular files; a missing file is reported for its path without failing the call."""
     if not 1 <= len(paths) <= MAX_FILES_PER_CALL:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"delete between 1 and {MAX_FILES_PER_CALL} paths per call")
@@ -251,13 +249,6 @@ async def delete_files(sandboxes: Sandboxes, session_id: str, paths: Sequence[st
     async with sandboxes.channel(session_id) as channel:
         answer = await call_file_helper(channel, request, DeleteAnswer, results=len(paths))
     return list(answer.results)
-
-
-async def digest_file(sandboxes: Sandboxes, session_id: str, path: str) -> str:
-    """The sha256 of a workspace file, computed inside the container."""
-    async with sandboxes.channel(session_id) as channel:
-        answer = await call_file_helper(channel, DigestRequest(path=validate_path(path)), DigestAnswer)
-    return answer.sha256
 
 
 async def call_file_helper(

@@ -1,0 +1,107 @@
+"""One MCP tool and its calls: the definition the server lists (:class:`ToolDef`), arguments validated without
+echo, a failure as a coded tool result, and what a call reports while it runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import anyio
+from mcp.server import ServerRequestContext
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
+from pydantic import BaseModel, ValidationError
+
+from code_sandbox.audit import AuditValue
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.relay import LastLine, OutputSink, Progress
+
+Counts = dict[str, AuditValue]
+Context = ServerRequestContext[None]
+In = TypeVar("In", bound=BaseModel)
+Out = TypeVar("Out", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class ToolDef(Generic[In, Out]):
+    """One tool: its name and text, strict input and output models, annotations, and the handler that turns a
+    validated input into an output (recording what the audit log should count)."""
+
+    name: str
+    description: str
+    input_model: type[In]
+    output_model: type[Out]
+    annotations: ToolAnnotations
+    handler: Callable[[In, Context, Counts], Awaitable[Out]]
+
+    def describe(self) -> Tool:
+        return Tool(
+            name=self.name,
+            description=self.description,
+            input_schema=self.input_model.model_json_schema(),
+            output_schema=self.output_model.model_json_schema(),
+            annotations=self.annotations,
+        )
+
+    async def call(self, arguments: dict[str, Any], context: Context, counts: Counts) -> Out:
+        try:
+            params = self.input_model.model_validate(arguments)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+        return await self.handler(params, context, counts)
+
+
+def tool_annotations(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
+    return ToolAnnotations(
+        read_only_hint=read_only, destructive_hint=destructive, idempotent_hint=idempotent, open_world_hint=False
+    )
+
+
+def error_result(error: SandboxError) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=f"{error.code}: {error.message}")],
+        structured_content={"error": {"code": str(error.code), "message": error.message}},
+        is_error=True,
+    )
+
+
+# Schema violations that have a more precise code than INVALID_REQUEST: (last field name, pydantic error type).
+_PRECISE_CODES = {("content", "string_too_long"): ErrorCode.FILE_TOO_LARGE}
+
+
+def validation_error(exc: ValidationError) -> SandboxError:
+    """Describe what is wrong by field and rule only: never the submitted value, never an unknown field's name."""
+    problems: list[str] = []
+    codes: set[ErrorCode] = set()
+    for error in exc.errors(include_input=False, include_url=False, include_context=False):
+        location = [str(part) for part in error["loc"]]
+        codes.add(_PRECISE_CODES.get((location[-1] if location else "", error["type"]), ErrorCode.INVALID_REQUEST))
+        if error["type"] == "extra_forbidden":
+            problems.append(f"{'.'.join(location[:-1]) or 'arguments'}: unknown field (not allowed)")
+        else:
+            problems.append(f"{'.'.join(location) or 'arguments'}: {error['msg']}")
+    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+    code = codes.pop() if len(codes) == 1 else ErrorCode.INVALID_REQUEST
+    return SandboxError(code, "invalid arguments: " + "; ".join(problems[:5]) + more)
+
+
+def live_progress(ctx: Context) -> tuple[Progress | None, OutputSink | None]:
+    """What a run reports while it goes, if the client asked for progress (a progress token in the request):
+    a notification at most once a second with the time, the output bytes and the last output line."""
+    if progress_token_from_params(ctx.params) is None:
+        return None, None  # no progress wanted: the run's output is not streamed either
+    last = LastLine()
+    sent = [float("-inf")]
+
+    async def report(elapsed: float, output_bytes: int) -> None:
+        await anyio.sleep(max(0.0, sent[0] + 1.0 - time.monotonic()))
+        sent[0] = time.monotonic()
+        message = f"running for {elapsed:.0f}s, {output_bytes} output bytes"
+        if last.stream is not None:
+            message += f"; last {last.stream} line: {last.text}"
+        await ctx.session.report_progress(round(elapsed, 1), None, message)
+
+    return report, last.feed
