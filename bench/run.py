@@ -27,13 +27,13 @@ from typing import Any
 import anyio
 from code_sandbox.docker_engine import DockerEngine, build_create_arguments
 from code_sandbox.engine import RuntimeFacts
-from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import ENVIRONMENT, LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, user_of
 from code_sandbox.plugins import create_plugin_manager, select_profile
-from code_sandbox.sessions import SessionManager
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.supervision import verify_cleanup
+from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.settings import Settings, load_settings
-from code_sandbox.supervision import verify_cleanup
-from code_sandbox.workspace import write_files
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 

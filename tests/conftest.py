@@ -21,7 +21,7 @@ from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
-from code_sandbox.sessions import SessionManager
+from code_sandbox.sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 
 from tests.support.run import (

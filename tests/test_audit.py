@@ -12,9 +12,9 @@ from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
-from code_sandbox import audit
-from code_sandbox.audit import AuditLog, UnsafeAuditFileError, open_audit_file
 from code_sandbox.doctor import Finding, _check_audit_log  # pyright: ignore[reportPrivateUsage]
+from code_sandbox.sandbox import audit
+from code_sandbox.sandbox.audit import AuditLog, UnsafeAuditFileError, open_audit_file
 from code_sandbox.settings import Settings
 
 # Generous bounds for what should take milliseconds; a test that reaches one has found a hang.

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import anyio
 import pytest
-from code_sandbox import provisioner
 from code_sandbox.engine import ContainerFacts, DaemonFacts
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_SESSION, LABEL_UID, SANDBOX_UIDS
-from code_sandbox.pool import POOL_MARGIN_SECONDS
 from code_sandbox.profile import Profile
-from code_sandbox.provisioner import require_enforcement
-from code_sandbox.sessions import Session, SessionManager, session_hash
+from code_sandbox.sandbox import provisioner
+from code_sandbox.sandbox.pool import POOL_MARGIN_SECONDS
+from code_sandbox.sandbox.provisioner import require_enforcement
+from code_sandbox.sandbox.sessions import Session, SessionManager, session_hash
+from code_sandbox.sandbox.sweep import judge_container, sweep_managed
 from code_sandbox.settings import Settings
-from code_sandbox.sweep import judge_container, sweep_managed
 
 from tests.support.clock import FakeClock
 from tests.support.memory_engine import MemoryEngine

@@ -18,18 +18,18 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
-from code_sandbox.channel_transport import CLOSED_KEPT, ChannelTransport, read_answer
+from code_sandbox.channel.channels import CLOSED_KEPT, ChannelTransport, read_answer
+from code_sandbox.channel.protocol import Refusal, RunAnswer, RunRequest, SurveyAnswer
+from code_sandbox.channel.transport import HelperCrash, StderrSink, Target
 from code_sandbox.docker_engine.streams import HeldExec
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import run_program
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.profile import Profile
-from code_sandbox.protocol import Refusal, RunAnswer, RunRequest, SurveyAnswer
-from code_sandbox.relay import LAST_LINE_CHARS, LastLine
-from code_sandbox.results import RunResult
-from code_sandbox.supervision import SURVEY_RETRY_PAUSES
-from code_sandbox.transport import HelperCrash, StderrSink, Target
-from code_sandbox.workspace import (
+from code_sandbox.sandbox.execution import run_program
+from code_sandbox.sandbox.relay import LAST_LINE_CHARS, LastLine
+from code_sandbox.sandbox.results import RunResult
+from code_sandbox.sandbox.supervision import SURVEY_RETRY_PAUSES
+from code_sandbox.sandbox.workspace import (
     PICTURE_MAX_BYTES,
     ReadResult,
     delete_files,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from code_sandbox.channel.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
 from code_sandbox.profile import Profile
-from code_sandbox.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
 
 DOCKERFILE = Path(__file__).parents[1] / "containers" / "Dockerfile.nodejs"
 HELPERS = "packages/profile-javascript/src/code_sandbox_javascript/helpers"  # the build context is the checkout

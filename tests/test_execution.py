@@ -9,15 +9,15 @@ from typing import Any
 
 import anyio
 import pytest
-from code_sandbox import execution
+from code_sandbox.channel.transport import StderrSink
 from code_sandbox.engine import ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import run_entrypoint
-from code_sandbox.results import RunResult
-from code_sandbox.sessions import Session, SessionManager
-from code_sandbox.supervision import HOST_GRACE_SECONDS
-from code_sandbox.transport import StderrSink
-from code_sandbox.workspace import list_files, write_files
+from code_sandbox.sandbox import execution
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.results import RunResult
+from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.supervision import HOST_GRACE_SECONDS
+from code_sandbox.sandbox.workspace import list_files, write_files
 
 from tests.support.edited_transport import EditedTransport, install
 from tests.support.output import on_first_output

@@ -8,14 +8,14 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
+from code_sandbox.channel.protocol import InventoryAnswer, InventoryRequest, Refusal, RunRequest
+from code_sandbox.channel.transport import HelperExecs, Target
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.profile import Profile
-from code_sandbox.protocol import InventoryAnswer, InventoryRequest, Refusal, RunRequest
-from code_sandbox.sessions import Session, SessionManager
-from code_sandbox.transport import HelperExecs, Target
-from code_sandbox.workspace import read_file
+from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.workspace import read_file
 
 from tests.conftest import TEST_LABEL, WORKER_TAG
 from tests.support.images import untag_image

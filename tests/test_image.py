@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.image import verify_image
-from code_sandbox.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL
+from code_sandbox.image.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL
 from code_sandbox.profile import Profile
 
 from tests.support.own_tag import Variant, variant_of

@@ -31,7 +31,7 @@ from code_sandbox.liveness import (
     owner_alive,
     prune_stopped_servers,
 )
-from code_sandbox.sweep import judge_container, survey_managed, sweep_managed
+from code_sandbox.sandbox.sweep import judge_container, survey_managed, sweep_managed
 from code_sandbox_cli.main import app
 from typer.testing import CliRunner
 

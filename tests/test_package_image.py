@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.image import build_offline_image, verify_image
-from code_sandbox.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL
+from code_sandbox.image.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL
 from code_sandbox.profile import PackageSet, Profile
-from code_sandbox.server import SandboxServer
+from code_sandbox.serve.server import SandboxServer
 from code_sandbox.settings import load_settings
 from mcp import Client
 

@@ -9,8 +9,8 @@ from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import FileEntry, ImageFacts
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.image import Check, VerifyReport, build_offline_image
+from code_sandbox.image.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL, packages_of, set_labels, shortened
 from code_sandbox.image.verify import _TreeCheck  # pyright: ignore[reportPrivateUsage]
-from code_sandbox.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL, packages_of, set_labels, shortened
 from code_sandbox.profile import PackageSet, Profile
 
 from tests.support.own_tag import OwnTagProfile

@@ -10,12 +10,12 @@ from pathlib import Path
 import code_sandbox_cli
 import pytest
 from code_sandbox import hookspecs
+from code_sandbox.channel.protocol import PROTOCOL_VERSION
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hookspecs import hookimpl
 from code_sandbox.plugins import create_plugin_manager, installed_profiles, select_profile
 from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, Profile, ProfileInfo
-from code_sandbox.protocol import PROTOCOL_VERSION
-from code_sandbox.server import SandboxServer
+from code_sandbox.serve.server import SandboxServer
 from code_sandbox.settings import load_settings
 
 CORE_SOURCE = Path(hookspecs.__file__).parent

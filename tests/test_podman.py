@@ -17,7 +17,6 @@ import docker
 import docker.errors
 import pytest
 import requests
-from code_sandbox import sweep
 from code_sandbox.docker_engine import DockerEngine, EngineAddress, execs, streams, volumes
 from code_sandbox.docker_engine.podman import seccomp_file
 from code_sandbox.engine import ExecRequest
@@ -25,10 +24,11 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_MANAGED, LABEL_RUNTIME, ContainerRequest, user_of
 from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.profile import Profile
-from code_sandbox.provisioner import draw_uid
+from code_sandbox.sandbox import sweep
+from code_sandbox.sandbox.provisioner import draw_uid
+from code_sandbox.sandbox.sweep import sweep_managed
 from code_sandbox.seccomp import profile_text
 from code_sandbox.settings import SettingsError
-from code_sandbox.sweep import sweep_managed
 
 from tests.conftest import TEST_LABEL
 from tests.support.engines import podman_engine

@@ -9,8 +9,9 @@ from functools import partial
 
 import anyio
 import pytest
+from code_sandbox.channel.protocol import ReadyAnswer
+from code_sandbox.channel.transport import HelperExecs, Target
 from code_sandbox.docker_engine import DockerEngine
-from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
@@ -18,13 +19,12 @@ from code_sandbox.hardening import (
     ContainerRequest,
     user_of,
 )
-from code_sandbox.pool import CLAIM_SIGNAL, POOL_MARGIN_SECONDS, POOL_RETRY_SECONDS
 from code_sandbox.profile import Profile
-from code_sandbox.protocol import ReadyAnswer
-from code_sandbox.sessions import SessionManager
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.pool import CLAIM_SIGNAL, POOL_MARGIN_SECONDS, POOL_RETRY_SECONDS
+from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.settings import Settings
-from code_sandbox.transport import HelperExecs, Target
-from code_sandbox.workspace import write_files
 
 from tests.conftest import TEST_LABEL
 

@@ -19,7 +19,6 @@ import pytest
 from code_sandbox.docker_engine import DockerEngine, EngineAddress
 from code_sandbox.engine import DaemonFacts
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_HOST,
@@ -32,10 +31,11 @@ from code_sandbox.hardening import (
 )
 from code_sandbox.image import build_offline_image
 from code_sandbox.profile import Profile
-from code_sandbox.sessions import SessionManager
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.sweep import survey_managed
+from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.settings import Settings, SettingsError
-from code_sandbox.sweep import survey_managed
-from code_sandbox.workspace import write_files
 from docker.context import ContextAPI
 from docker.tls import TLSConfig
 from mcp import ClientSession, StdioServerParameters

@@ -23,10 +23,10 @@ from code_sandbox.hardening import (
     ContainerRequest,
 )
 from code_sandbox.image import verify_image
+from code_sandbox.image.seal import seal_architectures, seal_library
 from code_sandbox.profile import Profile
-from code_sandbox.seal import seal_architectures, seal_library
+from code_sandbox.sandbox.sweep import sweep_managed
 from code_sandbox.settings import SettingsError, load_settings
-from code_sandbox.sweep import sweep_managed
 
 from tests.conftest import WORKER_TAG
 from tests.support.forwarding_engine import ForwardingEngine

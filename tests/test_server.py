@@ -25,7 +25,9 @@ from typing import Any, cast
 import anyio
 import anyio.to_thread
 import pytest
-from code_sandbox.channel_transport import ChannelTransport
+from code_sandbox.channel.channels import ChannelTransport
+from code_sandbox.channel.protocol import ExecuteAnswer, ExecuteRequest, Refusal
+from code_sandbox.channel.transport import StderrSink, Target
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine
 from code_sandbox.hardening import (
@@ -39,10 +41,8 @@ from code_sandbox.hardening import (
 from code_sandbox.limits import MEMORY_BYTES, PROCESSES, WORDS
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
-from code_sandbox.protocol import ExecuteAnswer, ExecuteRequest, Refusal
-from code_sandbox.server import SandboxServer
+from code_sandbox.serve.server import SandboxServer
 from code_sandbox.settings import load_settings
-from code_sandbox.transport import StderrSink, Target
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, ImageContent, TextContent, Tool

@@ -13,7 +13,6 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from code_sandbox import provisioner
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import ExecRequest
 from code_sandbox.hardening import (
@@ -26,11 +25,12 @@ from code_sandbox.hardening import (
 )
 from code_sandbox.image import VerifiedImages, verify_image
 from code_sandbox.profile import Profile
+from code_sandbox.sandbox import provisioner
+from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.sweep import sweep_managed
+from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.seccomp import profile_text
-from code_sandbox.sessions import Session, SessionManager
 from code_sandbox.settings import Settings
-from code_sandbox.sweep import sweep_managed
-from code_sandbox.workspace import write_files
 from code_sandbox_cli.main import app
 from typer.testing import CliRunner
 
@@ -257,7 +257,7 @@ _ORPHAN_SCRIPT = """
 import anyio, sys
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.plugins import create_plugin_manager, select_profile
-from code_sandbox.sessions import SessionManager
+from code_sandbox.sandbox.sessions import SessionManager
 from code_sandbox.settings import load_settings
 
 async def main():

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from code_sandbox import stdio
+from code_sandbox.serve import stdio
 from code_sandbox.settings import Settings, SettingsError, load_settings
 from code_sandbox_cli.main import app
 from typer.testing import CliRunner

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from code_sandbox.handshake import RecordedAnswers, parse_initialize, parse_response
+from code_sandbox.serve.handshake import RecordedAnswers, parse_initialize, parse_response
 
 from tests.support.run import command_env
 
@@ -132,7 +132,8 @@ def test_a_record_that_is_not_a_private_json_file_is_ignored(tmp_path: Path) -> 
 
 def test_the_start_up_path_imports_neither_the_sdk_nor_dockers_client() -> None:
     script = (
-        "import sys, code_sandbox_cli.main, code_sandbox.stdio, code_sandbox.handshake, code_sandbox.tool_text\n"
+        "import sys, code_sandbox_cli.main, code_sandbox.serve.stdio, code_sandbox.serve.handshake\n"
+        "import code_sandbox.serve.tool_text\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types', 'docker', 'rich'}))"
     )
     loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout

@@ -7,15 +7,15 @@ import hashlib
 
 import anyio.to_thread
 import pytest
+from code_sandbox.channel.protocol import DigestAnswer, DigestRequest, Refusal
+from code_sandbox.channel.transport import HelperExecs, Target
 from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import MiB
 from code_sandbox.paths import validate_path
 from code_sandbox.profile import Profile
-from code_sandbox.protocol import DigestAnswer, DigestRequest, Refusal
-from code_sandbox.sessions import Session, SessionManager
-from code_sandbox.transport import HelperExecs, Target
-from code_sandbox.workspace import delete_files, list_files, read_file, write_files
+from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.workspace import delete_files, list_files, read_file, write_files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

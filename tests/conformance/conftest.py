@@ -13,7 +13,7 @@ from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.image import verify_image
 from code_sandbox.plugins import create_plugin_manager, installed_profiles
 from code_sandbox.profile import Profile
-from code_sandbox.sessions import SessionManager
+from code_sandbox.sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 
 from tests.conformance.programs import PROGRAMS, Programs

@@ -11,14 +11,21 @@ from functools import partial
 
 import anyio
 import pytest
+from code_sandbox.channel.protocol import ExecuteRequest, Refusal, RunRequest
+from code_sandbox.channel.transport import Target
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import prepare_program, run_entrypoint, run_prepared
 from code_sandbox.limits import OUTPUT_CAP_BYTES
-from code_sandbox.protocol import ExecuteRequest, Refusal, RunRequest
-from code_sandbox.results import RunResult
-from code_sandbox.sessions import SessionManager
-from code_sandbox.transport import Target
-from code_sandbox.workspace import PreparedWrite, delete_files, list_files, prepare_write, read_file, write_files
+from code_sandbox.sandbox.execution import prepare_program, run_entrypoint, run_prepared
+from code_sandbox.sandbox.results import RunResult
+from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.workspace import (
+    PreparedWrite,
+    delete_files,
+    list_files,
+    prepare_write,
+    read_file,
+    write_files,
+)
 
 from tests.conformance.programs import Programs
 from tests.support.output import on_first_output

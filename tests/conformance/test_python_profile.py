@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import anyio.to_thread
 import pytest
+from code_sandbox.channel.protocol import RunAnswer, RunRequest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import run_entrypoint
 from code_sandbox.limits import MiB
 from code_sandbox.profile import Profile
-from code_sandbox.protocol import RunAnswer, RunRequest
-from code_sandbox.sessions import SessionManager
-from code_sandbox.workspace import list_files, write_files
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.workspace import list_files, write_files
 
 from tests.conformance.conftest import REPOSITORY_PROFILES
 

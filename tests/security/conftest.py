@@ -25,13 +25,13 @@ import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine, ExecRequest
-from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import LABEL_TAG, PROBE_UID, user_of
 from code_sandbox.profile import Profile
-from code_sandbox.results import RunResult
-from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.results import RunResult
+from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.workspace import read_file, write_files
 from code_sandbox.settings import Settings
-from code_sandbox.workspace import read_file, write_files
 
 from tests.support.run import remove_tagged, worker_tag
 from tests.support.runtimes import TEST_RUNTIMES, runtime_engine

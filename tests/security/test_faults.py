@@ -13,13 +13,13 @@ import anyio.to_thread
 import pytest
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.profile import Profile
-from code_sandbox.results import RunResult
-from code_sandbox.sessions import SessionManager
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.results import RunResult
+from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.settings import Settings
-from code_sandbox.workspace import write_files
 
 from tests.security.conftest import Arena
 from tests.support.output import errors_of_a_run_broken_by, on_first_output

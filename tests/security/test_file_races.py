@@ -6,7 +6,7 @@ import json
 
 import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.workspace import list_files, write_files
+from code_sandbox.sandbox.workspace import list_files, write_files
 
 from tests.security.conftest import Arena
 

@@ -15,15 +15,15 @@ from functools import partial
 import anyio
 import anyio.to_thread
 import pytest
+from code_sandbox.channel.protocol import KillAllAnswer
+from code_sandbox.channel.transport import HelperCrash, HelperExecs, StderrSink, Target
 from code_sandbox.engine import ExecRequest, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import SUPERVISOR_USER
-from code_sandbox.protocol import KillAllAnswer
-from code_sandbox.relay import PROGRESS_BURST, UpdateBudget
-from code_sandbox.sessions import Session, SessionManager
-from code_sandbox.transport import HelperCrash, HelperExecs, StderrSink, Target
-from code_sandbox.workspace import list_files, write_files
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.relay import PROGRESS_BURST, UpdateBudget
+from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.workspace import list_files, write_files
 
 from tests.support.edited_transport import EditedTransport, LineEdit, edited_execs, install, is_kill_all
 

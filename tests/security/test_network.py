@@ -9,9 +9,9 @@ import json
 
 import anyio
 import pytest
-from code_sandbox.execution import run_entrypoint
-from code_sandbox.results import RunResult
-from code_sandbox.workspace import write_files
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.results import RunResult
+from code_sandbox.sandbox.workspace import write_files
 
 from tests.security.conftest import Arena, SharedSandbox
 from tests.support.inspect import inspect_container

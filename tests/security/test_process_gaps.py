@@ -15,12 +15,12 @@ import anyio
 import pytest
 from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.evaluation import evaluate_code
-from code_sandbox.execution import run_entrypoint
 from code_sandbox.hardening import PROBE_UID, user_of
-from code_sandbox.sessions import Session, SessionManager
-from code_sandbox.supervision import verify_cleanup
-from code_sandbox.workspace import list_files, write_files
+from code_sandbox.sandbox.evaluation import evaluate_code
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.supervision import verify_cleanup
+from code_sandbox.sandbox.workspace import list_files, write_files
 
 from tests.support.inspect import docker_of
 

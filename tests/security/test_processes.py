@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from code_sandbox.workspace import write_files
+from code_sandbox.sandbox.workspace import write_files
 
 from tests.security.conftest import Arena
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from code_sandbox.channel import Sandboxes
+from code_sandbox.channel.guard import Sandboxes
+from code_sandbox.channel.protocol import DigestAnswer, DigestRequest
 from code_sandbox.paths import validate_path
-from code_sandbox.protocol import DigestAnswer, DigestRequest
-from code_sandbox.workspace import call_file_helper
+from code_sandbox.sandbox.workspace import call_file_helper
 
 
 async def digest_file(sandboxes: Sandboxes, session_id: str, path: str) -> str:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from code_sandbox.channel_transport import ChannelTransport
+from code_sandbox.channel.channels import ChannelTransport
+from code_sandbox.channel.transport import HelperExecs, Transport
 from code_sandbox.engine import Engine
 from code_sandbox.profile import Profile
-from code_sandbox.sessions import SessionManager
-from code_sandbox.transport import HelperExecs, Transport
+from code_sandbox.sandbox.sessions import SessionManager
 
 from tests.support.forwarding_engine import EditedEngine, ExecEdit, LineEdit
 

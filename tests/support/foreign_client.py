@@ -14,7 +14,7 @@ import anyio
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_TAG, ContainerRequest
 from code_sandbox.plugins import create_plugin_manager, select_profile
-from code_sandbox.sessions import SessionManager
+from code_sandbox.sandbox.sessions import SessionManager
 from code_sandbox.settings import Settings
 
 from tests.support.images import start_container

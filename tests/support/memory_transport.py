@@ -15,9 +15,8 @@ import struct
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 
-from code_sandbox.channel import Channel
-from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.protocol import (
+from code_sandbox.channel.guard import Channel
+from code_sandbox.channel.protocol import (
     DeleteRequest,
     DigestRequest,
     InventoryRequest,
@@ -33,7 +32,8 @@ from code_sandbox.protocol import (
     WriteHeader,
     WriteRequest,
 )
-from code_sandbox.transport import FileRequest, StderrSink, Target, Transport
+from code_sandbox.channel.transport import FileRequest, StderrSink, Target, Transport
+from code_sandbox.errors import ErrorCode, SandboxError
 
 
 def run_answer(**changes: object) -> RunAnswer:

@@ -7,10 +7,10 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 from code_sandbox.errors import SandboxError
-from code_sandbox.execution import run_entrypoint
-from code_sandbox.relay import OutputSink
-from code_sandbox.sessions import SessionManager
-from code_sandbox.workspace import write_files
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.relay import OutputSink
+from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.workspace import write_files
 
 
 def on_first_output(event: anyio.Event) -> OutputSink:

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import cast
 
+from code_sandbox.channel.protocol import PROTOCOL_VERSION
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hookspecs import hookimpl
 from code_sandbox.profile import HelperFiles, HelperKind, ImageContents, ImageSpec, Profile, ProfileInfo
-from code_sandbox.protocol import PROTOCOL_VERSION
 
 PROFILE_NAME = "python-offline"
 # The version of this image's layout and helpers; bump it when they change.
@@ -66,7 +66,7 @@ A program killed by its timeout, its output cap or the memory limit still return
 cannot be cleaned up destroys the sandbox (error PROCESS_CLEANUP_FAILED), and so does one that stops or kills the \
 runner that supervises it (error SUPERVISOR_FAILED)."""
 
-# Printed as one ProbeAnswer line (code_sandbox.protocol) from inside a hardened container, for `doctor`.
+# Printed as one ProbeAnswer line (code_sandbox.channel.protocol) from inside a hardened container, for `doctor`.
 PROBE = r"""
 import json, re
 def read(path):

@@ -111,7 +111,7 @@ def serve(
     profile = _profile(settings)
     _check_engine(settings)
     _configure_logging(verbose)
-    from code_sandbox.stdio import run_stdio_server
+    from code_sandbox.serve.stdio import run_stdio_server
 
     try:
         run_stdio_server(settings, profile)
@@ -164,8 +164,8 @@ async def _run_local(
     timeout_seconds: int | None,
 ) -> int:
     from code_sandbox.docker_engine import DockerEngine
-    from code_sandbox.local_run import run_local
-    from code_sandbox.service import SandboxService
+    from code_sandbox.sandbox.local_run import run_local
+    from code_sandbox.sandbox.service import SandboxService
 
     printed = {"stdout": 0, "stderr": 0}
     sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
@@ -340,7 +340,7 @@ def reap(
     (unknown: another machine's or user's server, or one that could not record itself).
     """
     from code_sandbox.docker_engine import DockerEngine
-    from code_sandbox.sweep import apply_verdicts, survey_managed
+    from code_sandbox.sandbox.sweep import apply_verdicts, survey_managed
 
     settings = _settings()
     if tag is not None and not is_valid_tag(tag):

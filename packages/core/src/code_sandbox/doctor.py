@@ -12,14 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from code_sandbox.audit import UnsafeAuditFileError, default_audit_path, open_audit_file
+from code_sandbox.channel.protocol import ProbeAnswer, ProtocolViolation, parse_message
 from code_sandbox.docker_engine import HTTP_IGNORES_TLS, DockerEngine, EngineAddress
 from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.image import verify_image
 from code_sandbox.profile import Profile
-from code_sandbox.protocol import ProbeAnswer, ProtocolViolation, parse_message
+from code_sandbox.sandbox.audit import UnsafeAuditFileError, default_audit_path, open_audit_file
 from code_sandbox.settings import Settings, load_settings
 
 

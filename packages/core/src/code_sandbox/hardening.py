@@ -49,8 +49,8 @@ ENVIRONMENT: Mapping[str, str] = {
 """The fixed environment of the container and of every exec; nothing comes from the host."""
 UNSEALED_ENVIRONMENT: Mapping[str, str] = {"CODE_SANDBOX_SEAL": "optional"}
 """Added to the container's environment under gVisor, whose kernel does not keep same-uid processes out of a
-non-dumpable one: it tells the helpers to run although the seal (:mod:`code_sandbox.seal`) cannot hold. Helpers never
-pass it to user code."""
+non-dumpable one: it tells the helpers to run although the seal (:mod:`code_sandbox.image.seal`) cannot hold.
+Helpers never pass it to user code."""
 
 
 PTY_DIR = "/dev/pts"

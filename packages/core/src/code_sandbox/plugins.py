@@ -11,9 +11,9 @@ from collections.abc import Iterable
 import pluggy
 
 from code_sandbox import hookspecs
+from code_sandbox.channel.protocol import PROTOCOL_VERSION
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.profile import Profile, ProfileInfo
-from code_sandbox.protocol import PROTOCOL_VERSION
 
 ENTRY_POINT_GROUP = "code_sandbox"
 

@@ -38,7 +38,7 @@ class ProfileInfo:
     :param example_path: a workspace path shown in tool text and schemas, e.g. ``src/app.lua``.
     :param ignored_directories: folder names ``code-sandbox run`` does not copy (dependency caches).
     :param runtime_description: what ``build-image --runtime`` takes, e.g. ``a Linux lua binary``.
-    :param protocol_version: the version of the host/helper protocol (:mod:`code_sandbox.protocol`) its helpers
+    :param protocol_version: the version of the host/helper protocol (:mod:`code_sandbox.channel.protocol`) its helpers
         speak; core serves a profile only when it equals its own ``PROTOCOL_VERSION``.
     :param evaluate_tool_name: the MCP tool that evaluates code in a session's persistent context (its runner
         implements the protocol's ``evaluate``), e.g. ``evaluate_lua``; ``None`` when the profile has none.
@@ -93,7 +93,7 @@ class PackageSet:
 
     A profile makes it from an operator's manifest (:meth:`Profile.package_set`) after checking every package;
     core writes the tree (root-owned, files 0444, directories 0555), labels the image with the list and a digest
-    of list and tree (:mod:`code_sandbox.package_sets`), and ``verify-image`` checks the tree on disk against it.
+    of list and tree (:mod:`code_sandbox.image.package_sets`), and ``verify-image`` checks the tree on disk against it.
 
     :param packages: what user code can import by name, as ``name@version``, sorted.
     :param files: path relative to the package root -> content; directories follow from the paths.
@@ -187,7 +187,7 @@ class Profile(abc.ABC):
 
     @abc.abstractmethod
     def probe_argv(self) -> list[str]:
-        """An argv that prints one :class:`code_sandbox.protocol.ProbeAnswer` line: what the kernel enforces,
+        """An argv that prints one :class:`code_sandbox.channel.protocol.ProbeAnswer` line: what the kernel enforces,
         seen from inside a hardened container (``code-sandbox doctor`` runs it as an unprivileged uid)."""
 
 

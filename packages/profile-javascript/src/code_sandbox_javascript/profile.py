@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
+from code_sandbox.channel.protocol import PROTOCOL_VERSION
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hookspecs import hookimpl
 from code_sandbox.profile import HelperFiles, HelperKind, ImageContents, ImageSpec, PackageSet, Profile, ProfileInfo
-from code_sandbox.protocol import PROTOCOL_VERSION
 
 PROFILE_NAME = "javascript-offline"
 # The version of the image layout and helper protocol; bump it when they change incompatibly.
@@ -87,7 +87,7 @@ and stderr with their truncation flags, context_reset, context_ended (why the co
 timed_out, oom_killed, duration_ms, cpu_ms and peak_memory_bytes."""
 
 
-# Printed as one ProbeAnswer line (see code_sandbox.protocol) from inside a hardened container, for `doctor`.
+# Printed as one ProbeAnswer line (see code_sandbox.channel.protocol) from inside a hardened container, for `doctor`.
 PROBE = r"""
 const fs = require('fs');
 // Interfaces from /proc/net/dev: asking the kernel over netlink (os.networkInterfaces) is refused by seccomp.

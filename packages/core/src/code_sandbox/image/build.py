@@ -1,5 +1,5 @@
 """The offline image build: a ``FROM scratch`` context written in memory, with the profile's runtime binary (root-owned
-and unreadable, mode 0711), the seal (:mod:`code_sandbox.seal`), the profile's files (helpers, any library tree;
+and unreadable, mode 0711), the seal (:mod:`code_sandbox.image.seal`), the profile's files (helpers, any library tree;
 root-owned, 0555), the shared libraries these need, an operator's package set if one is given (root-owned, read-only),
 ``/etc/passwd`` and ``/etc/group`` with the supervisor user, and empty mount points; the runtime's digest and a
 manifest of every entry go into labels (:mod:`.layout`)."""
@@ -13,13 +13,14 @@ import tarfile
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 
-from code_sandbox.elf import is_elf, resolve_runtime_files
+from code_sandbox.channel.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
 from code_sandbox.engine import Engine, normalise_arch
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     SCRATCH_DIR,
     WORKSPACE_DIR,
 )
+from code_sandbox.image.elf import is_elf, resolve_runtime_files
 from code_sandbox.image.layout import (
     DOCKERFILE,
     FILES_LABEL,
@@ -30,15 +31,14 @@ from code_sandbox.image.layout import (
     manifest_line,
     under,
 )
-from code_sandbox.package_sets import (
+from code_sandbox.image.package_sets import (
     DIRECTORY_MODE,
     FILE_MODE,
     is_package_name,
     set_labels,
 )
+from code_sandbox.image.seal import SEAL_PATH, seal_architectures, seal_library
 from code_sandbox.profile import ImageContents, ImageSpec, PackageSet, Profile
-from code_sandbox.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
-from code_sandbox.seal import SEAL_PATH, seal_architectures, seal_library
 
 Progress = Callable[[str], None]
 

@@ -27,7 +27,7 @@ GROUP = f"root:x:0:\nsupervisor:x:{SUPERVISOR_UID}:\n"
 RUNTIME_MODE = 0o711
 """Root-owned and unreadable: the kernel then makes every process that execs the runtime non-dumpable from its first
 instruction, so code in a sandbox cannot open another process's ``/proc/<pid>/fd`` or ``mem``, nor ptrace it, even
-under its own uid. The seal (:mod:`code_sandbox.seal`) is a second layer. gVisor cannot execute such a binary (it
+under its own uid. The seal (:mod:`code_sandbox.image.seal`) is a second layer. gVisor cannot execute such a binary (it
 needs read permission to load it), so these images do not run under runsc yet (SECURITY.md, "Under gVisor")."""
 IMAGE_PATH = ENVIRONMENT["PATH"]
 IMAGE_CONFIG = ImageConfig(env=(f"PATH={IMAGE_PATH}",), working_dir=WORKSPACE_DIR)

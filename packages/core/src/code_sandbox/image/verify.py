@@ -13,6 +13,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from code_sandbox.channel.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
 from code_sandbox.engine import Engine, ExecRequest, FileEntry, ImageFacts
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import (
@@ -36,8 +37,7 @@ from code_sandbox.image.layout import (
     manifest_line,
     path_of,
 )
-from code_sandbox.liveness import is_private_directory
-from code_sandbox.package_sets import (
+from code_sandbox.image.package_sets import (
     DIRECTORY_MODE,
     FILE_MODE,
     PACKAGES_DIGEST_LABEL,
@@ -45,9 +45,9 @@ from code_sandbox.package_sets import (
     packages_of,
     set_digest,
 )
+from code_sandbox.image.seal import SEAL_PATH, seal_library
+from code_sandbox.liveness import is_private_directory
 from code_sandbox.profile import ImageSpec, Profile
-from code_sandbox.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
-from code_sandbox.seal import SEAL_PATH, seal_library
 
 VERIFIER_VERSION = 4
 """Bump when :func:`verify_image` checks something new: passes recorded by an earlier version then no longer count."""

@@ -15,9 +15,9 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 
-from code_sandbox.audit import AuditValue
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.relay import LastLine, OutputSink, Progress
+from code_sandbox.sandbox.audit import AuditValue
+from code_sandbox.sandbox.relay import LastLine, OutputSink, Progress
 
 Counts = dict[str, AuditValue]
 Context = ServerRequestContext[None]

@@ -18,21 +18,8 @@ from typing import Literal
 
 import anyio.to_thread
 
-from code_sandbox.channel import Channel, Sandboxes
-from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.limits import (
-    MAX_ENTRIES,
-    MAX_FILE_BYTES,
-    MAX_FILES_PER_CALL,
-    MAX_LIST_DEPTH,
-    MAX_LIST_ENTRIES,
-    MAX_REQUEST_BYTES,
-    WORDS,
-    WORKSPACE_BYTES,
-)
-from code_sandbox.paths import validate_path
-from code_sandbox.pictures import picture_type
-from code_sandbox.protocol import (
+from code_sandbox.channel.guard import Channel, Sandboxes
+from code_sandbox.channel.protocol import (
     DeleteAnswer,
     DeleteOutcome,
     DeleteRequest,
@@ -48,7 +35,20 @@ from code_sandbox.protocol import (
     WriteRequest,
     WriteStatus,
 )
-from code_sandbox.transport import FileRequest
+from code_sandbox.channel.transport import FileRequest
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.limits import (
+    MAX_ENTRIES,
+    MAX_FILE_BYTES,
+    MAX_FILES_PER_CALL,
+    MAX_LIST_DEPTH,
+    MAX_LIST_ENTRIES,
+    MAX_REQUEST_BYTES,
+    WORDS,
+    WORKSPACE_BYTES,
+)
+from code_sandbox.paths import validate_path
+from code_sandbox.sandbox.pictures import picture_type
 
 HELPER_TIMEOUT_SECONDS = 30.0
 PICTURE_MAX_BYTES = 1024 * 1024
@@ -108,7 +108,7 @@ class ReadResult:
     @property
     def picture_type(self) -> str | None:
         """The MIME type of a whole, well-formed PNG, JPEG, GIF or WebP file of at most 1 MiB and modest size in
-        pixels (:mod:`code_sandbox.pictures`), for clients that show pictures; ``None`` for anything else."""
+        pixels (:mod:`code_sandbox.sandbox.pictures`), for clients that show pictures; ``None`` for anything else."""
         data = self.data
         if data is None or self.truncated or len(data) > PICTURE_MAX_BYTES:
             return None

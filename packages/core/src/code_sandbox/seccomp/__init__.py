@@ -22,9 +22,9 @@ import functools
 import json
 from typing import NotRequired, TypedDict
 
-from code_sandbox.seccomp_allowed import AF_UNIX, ALLOWED, CLONE_NAMESPACE_FLAGS
-from code_sandbox.seccomp_group import ArgCondition, Group, syscall_names
-from code_sandbox.seccomp_refused import REFUSED_ENOSYS, REFUSED_EPERM
+from code_sandbox.seccomp.allowed import AF_UNIX, ALLOWED, CLONE_NAMESPACE_FLAGS
+from code_sandbox.seccomp.group import ArgCondition, Group, syscall_names
+from code_sandbox.seccomp.refused import REFUSED_ENOSYS, REFUSED_EPERM
 
 __all__ = [
     "AF_UNIX",

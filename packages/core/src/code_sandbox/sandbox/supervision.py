@@ -1,5 +1,5 @@
 """What a run and an evaluation share around their runner call: the call in a worker thread with its progress
-relayed (:mod:`code_sandbox.relay`), a crash or hang that destroys the sandbox, a cancellation that kills every
+relayed (:mod:`code_sandbox.sandbox.relay`), a crash or hang that destroys the sandbox, a cancellation that kills every
 process of the sandbox user, the supervisor's survey that proves nothing outlived the call, and the output bytes
 checked against the counts the runner reported.
 
@@ -21,11 +21,11 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
-from code_sandbox.channel import Channel
+from code_sandbox.channel.guard import Channel
+from code_sandbox.channel.protocol import KillAllAnswer, ProtocolViolation, Refusal, SurveyAnswer
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import OUTPUT_CAP_BYTES
-from code_sandbox.protocol import KillAllAnswer, ProtocolViolation, Refusal, SurveyAnswer
-from code_sandbox.relay import OutputSink, Progress, supervise
+from code_sandbox.sandbox.relay import OutputSink, Progress, supervise
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -4,11 +4,11 @@ server until stdin closes.
 Start-up is ordered for a client that launches the server and calls at once. stdin and stdout are claimed first
 (fd 0 then reads the null device and fd 1 writes to stderr, so nothing but JSON-RPC can reach the wire). Then three
 things happen side by side: a recorded ``initialize`` answer goes out as soon as the request arrives
-(:mod:`code_sandbox.handshake`), the sandbox service starts and the warm pool fills, and the MCP SDK loads on a
+(:mod:`code_sandbox.serve.handshake`), the sandbox service starts and the warm pool fills, and the MCP SDK loads on a
 worker thread once Docker's client has (both loads are mostly CPU under one GIL; the service's comes first, so that
 the pool fills while the SDK loads). This module imports neither at the top for that reason.
 
-Every client line is judged before the SDK sees it, and every line written is escaped (:mod:`code_sandbox.wire`).
+Every client line is judged before the SDK sees it, and every line written is escaped (:mod:`code_sandbox.serve.wire`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,12 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from code_sandbox import tool_text
 from code_sandbox.errors import SandboxError
-from code_sandbox.handshake import (
+from code_sandbox.jsonvalue import JSONObject
+from code_sandbox.liveness import default_state_dir
+from code_sandbox.profile import Profile
+from code_sandbox.serve import tool_text
+from code_sandbox.serve.handshake import (
     Initialize,
     RecordedAnswers,
     answer_line,
@@ -37,14 +40,11 @@ from code_sandbox.handshake import (
     parse_initialize,
     parse_response,
 )
-from code_sandbox.jsonvalue import JSONObject
-from code_sandbox.liveness import default_state_dir
-from code_sandbox.profile import Profile
+from code_sandbox.serve.wire import PARSE_ERROR, Refusal, escape_line, judge_line, refusal_line
 from code_sandbox.settings import Settings
-from code_sandbox.wire import PARSE_ERROR, Refusal, escape_line, judge_line, refusal_line
 
 if TYPE_CHECKING:
-    from code_sandbox.service import SandboxService
+    from code_sandbox.sandbox.service import SandboxService
 
 logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -256,7 +256,7 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
                 if first[0] is not None:
                     from mcp.server.stdio import stdio_server  # loaded by now: no wait on this thread
 
-                    from code_sandbox.server import SandboxServer
+                    from code_sandbox.serve.server import SandboxServer
 
                     server = SandboxServer(settings, profile, service=service)
                     stdin = _sdk_stream(_replayed(first[0], lines))
@@ -281,7 +281,7 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
 def _load_sdk() -> None:
     """Import the MCP server and the SDK's stdio transport: most of a second, spent on a worker thread, so that
     importing them again on the event loop finds them loaded."""
-    for module in ("mcp.server.stdio", "code_sandbox.server"):
+    for module in ("mcp.server.stdio", "code_sandbox.serve.server"):
         importlib.import_module(module)
 
 
@@ -298,7 +298,7 @@ def _sdk_stream(stream: AsyncIterable[str] | _LineWriter) -> anyio.AsyncFile[str
 
 
 def _build_service(settings: Settings, profile: Profile) -> SandboxService:
-    from code_sandbox.service import SandboxService
+    from code_sandbox.sandbox.service import SandboxService
 
     return SandboxService(settings, profile)
 

@@ -3,7 +3,7 @@
 The runner helper does the work inside the container (process group, output caps, deadline, leftover cleanup,
 OOM detection); this module builds its request from the profile's argv hook, enforces a host-side deadline as a
 safety net, relays progress, stops a cancelled run at once, and after every run has the supervisor's survey prove
-that no process of the sandbox outlived it (:mod:`code_sandbox.supervision`).
+that no process of the sandbox outlived it (:mod:`code_sandbox.sandbox.supervision`).
 
 Calls on one sandbox are serialized by its lease: a second run (or file call) on a busy sandbox waits until the
 first finishes, which is bounded by that run's timeout. Runs in different sandboxes proceed in parallel.
@@ -14,16 +14,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from code_sandbox.channel import Channel
+from code_sandbox.channel.guard import Channel
+from code_sandbox.channel.protocol import (
+    ExecuteAnswer,
+    ExecuteRequest,
+    ProtocolViolation,
+    Refusal,
+    RunAnswer,
+    RunRequest,
+)
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import MAX_ARGUMENT_BYTES, MAX_ARGUMENTS, OUTPUT_CAP_BYTES
 from code_sandbox.paths import validate_entrypoint
-from code_sandbox.protocol import ExecuteAnswer, ExecuteRequest, ProtocolViolation, Refusal, RunAnswer, RunRequest
-from code_sandbox.relay import OutputSink, Progress
-from code_sandbox.results import RunResult, TerminationReason
-from code_sandbox.sessions import SessionManager
-from code_sandbox.supervision import HOST_GRACE_SECONDS, cleanup_failed, decode_output, supervise_call
-from code_sandbox.workspace import PreparedWrite, check_file_reply, file_refusal_error, is_file_refusal
+from code_sandbox.sandbox.relay import OutputSink, Progress
+from code_sandbox.sandbox.results import RunResult, TerminationReason
+from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.supervision import HOST_GRACE_SECONDS, cleanup_failed, decode_output, supervise_call
+from code_sandbox.sandbox.workspace import PreparedWrite, check_file_reply, file_refusal_error, is_file_refusal
 
 
 def validate_arguments(arguments: Sequence[str]) -> list[str]:

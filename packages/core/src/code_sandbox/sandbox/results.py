@@ -1,8 +1,6 @@
-"""What a run and an evaluation return: the run and evaluate tools' output models, built once from the helper's
-checked answer (:mod:`code_sandbox.execution`, :mod:`code_sandbox.evaluation`) and handed to the client as they are,
-and beside that output, never serialised, what only the host uses (audit counts, the bytes ``code-sandbox run``
-prints).
-"""
+"""What a run and an evaluation return: the run and evaluate tools' output models, built once from the helper's checked
+answer (:mod:`.execution`, :mod:`.evaluation`) and handed to the client as they are, and beside that output, never
+serialised, what only the host uses (audit counts, the bytes ``code-sandbox run`` prints)."""
 
 from __future__ import annotations
 
@@ -10,8 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from code_sandbox.channel.protocol import ContextEnd
 from code_sandbox.limits import WORDS
-from code_sandbox.protocol import ContextEnd
 
 TerminationReason = Literal["exited", "signaled", "timed_out", "OUTPUT_LIMIT_EXCEEDED", "oom_killed"]
 

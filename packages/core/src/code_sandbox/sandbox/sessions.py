@@ -19,17 +19,17 @@ from typing import Literal
 import anyio
 import anyio.lowlevel
 
-from code_sandbox.channel import Channel
-from code_sandbox.channel_transport import ChannelTransport
+from code_sandbox.channel.channels import ChannelTransport
+from code_sandbox.channel.guard import Channel
+from code_sandbox.channel.transport import Target, Transport
 from code_sandbox.engine import Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import user_of
 from code_sandbox.image import VerifiedImages
-from code_sandbox.pool import WarmPool
 from code_sandbox.profile import Profile
-from code_sandbox.provisioner import Provisioned, Provisioner, run_sync
+from code_sandbox.sandbox.pool import WarmPool
+from code_sandbox.sandbox.provisioner import Provisioned, Provisioner, run_sync
 from code_sandbox.settings import Settings
-from code_sandbox.transport import Target, Transport
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import anyio.from_thread
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from code_sandbox.protocol import OutputPiece, ProtocolViolation, parse_message
-from code_sandbox.protocol import Progress as ProgressLine
+from code_sandbox.channel.protocol import OutputPiece, ProtocolViolation, parse_message
+from code_sandbox.channel.protocol import Progress as ProgressLine
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -1,6 +1,6 @@
 """How core reaches the helpers inside a sandbox: one small typed interface (:class:`Transport`), and the exec form
 of a helper call (:class:`HelperExecs`). The transport that serves sandboxes is
-:class:`~code_sandbox.channel_transport.ChannelTransport`.
+:class:`~code_sandbox.channel.channels.ChannelTransport`.
 
 Every call takes a request model and returns an answer model (or the helper's :class:`Refusal`); whatever else
 happens is one of three errors: :class:`HelperCrash` (the helper did not keep to the protocol: the sandbox can no
@@ -22,10 +22,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 
-from code_sandbox.engine import Engine, ExecRequest
-from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.profile import HelperKind, Profile
-from code_sandbox.protocol import (
+from code_sandbox.channel.protocol import (
     DeleteRequest,
     DigestRequest,
     EvaluateAnswer,
@@ -47,6 +44,9 @@ from code_sandbox.protocol import (
     WriteRequest,
     parse_answer,
 )
+from code_sandbox.engine import Engine, ExecRequest
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.profile import HelperKind, Profile
 
 MiB = 1024 * 1024
 FileRequest = WriteRequest | ListRequest | ReadRequest | DeleteRequest | DigestRequest | InventoryRequest

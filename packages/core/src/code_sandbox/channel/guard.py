@@ -14,8 +14,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from code_sandbox.channel.transport import HelperCrash, Target, Transport
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.transport import HelperCrash, Target, Transport
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.image.package_sets import shortened
 from code_sandbox.limits import WORDS
-from code_sandbox.package_sets import shortened
 
 if TYPE_CHECKING:
     from code_sandbox.profile import Profile, ProfileInfo

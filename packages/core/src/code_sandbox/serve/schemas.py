@@ -1,5 +1,5 @@
 """The MCP tools' input and output models: strict, bounded, every field described. The run and evaluate tools'
-outputs are core's results (:mod:`code_sandbox.results`).
+outputs are core's results (:mod:`code_sandbox.sandbox.results`).
 
 Input models refuse unknown fields and never coerce types. Bounds appear in the JSON schema, so a client sees
 them before it calls. The run models are built per server, because their timeout bounds are settings.
@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
+from code_sandbox.channel.protocol import DeleteOutcome, WorkspacePath, WriteStatus
 from code_sandbox.limits import (
     DEFAULT_READ_BYTES,
     MAX_ARGUMENT_BYTES,
@@ -25,8 +26,7 @@ from code_sandbox.limits import (
     MAX_PATH_DEPTH,
     WORDS,
 )
-from code_sandbox.protocol import DeleteOutcome, WorkspacePath, WriteStatus
-from code_sandbox.results import Output
+from code_sandbox.sandbox.results import Output
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{43}$"
 

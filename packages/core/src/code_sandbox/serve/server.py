@@ -3,7 +3,7 @@
 The server owns argument validation (strict models, our error codes, no echo of submitted values) by answering
 ``tools/list`` and ``tools/call`` itself; the SDK's decorated tools would quote the caller's input back. Every
 failure becomes a tool result with ``isError: true`` whose text starts with a stable code
-(:mod:`code_sandbox.tool_calls`).
+(:mod:`code_sandbox.serve.tool_calls`).
 """
 
 from __future__ import annotations
@@ -31,14 +31,17 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
-from code_sandbox import tool_text
 from code_sandbox.engine import Engine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.evaluation import evaluate_code
-from code_sandbox.execution import run_entrypoint
 from code_sandbox.profile import Profile
-from code_sandbox.results import EvaluateOutput, RunOutput, RunResult
-from code_sandbox.schemas import (
+from code_sandbox.sandbox.evaluation import evaluate_code
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.results import EvaluateOutput, RunOutput, RunResult
+from code_sandbox.sandbox.service import SandboxService
+from code_sandbox.sandbox.sessions import session_hash
+from code_sandbox.sandbox.workspace import delete_files, list_files, read_file, write_files
+from code_sandbox.serve import tool_text
+from code_sandbox.serve.schemas import (
     CreateSandboxInput,
     CreateSandboxOutput,
     DeleteFilesInput,
@@ -60,11 +63,8 @@ from code_sandbox.schemas import (
     evaluate_input_model,
     run_input_models,
 )
-from code_sandbox.service import SandboxService
-from code_sandbox.sessions import session_hash
+from code_sandbox.serve.tool_calls import Context, Counts, ToolDef, error_result, live_progress, tool_annotations
 from code_sandbox.settings import Settings
-from code_sandbox.tool_calls import Context, Counts, ToolDef, error_result, live_progress, tool_annotations
-from code_sandbox.workspace import delete_files, list_files, read_file, write_files
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import MAX_FILES_PER_CALL
 from code_sandbox.paths import validate_path
-from code_sandbox.relay import OutputSink
-from code_sandbox.results import RunResult
-from code_sandbox.service import SandboxService
+from code_sandbox.sandbox.relay import OutputSink
+from code_sandbox.sandbox.results import RunResult
+from code_sandbox.sandbox.service import SandboxService
 
 
 def collect_files(path: Path, *, ignored: frozenset[str] = frozenset()) -> list[tuple[str, str]]:

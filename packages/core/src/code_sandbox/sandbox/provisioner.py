@@ -16,6 +16,8 @@ from typing import NamedTuple, TypeVar
 import anyio
 import anyio.to_thread
 
+from code_sandbox.channel.protocol import ReadyAnswer
+from code_sandbox.channel.transport import Target, Transport
 from code_sandbox.engine import DaemonFacts, Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
@@ -31,12 +33,10 @@ from code_sandbox.hardening import (
     user_of,
 )
 from code_sandbox.image import VerifiedImages, verification_key, verify_image
+from code_sandbox.image.package_sets import packages_of
 from code_sandbox.liveness import machine_name
-from code_sandbox.package_sets import packages_of
 from code_sandbox.profile import Profile
-from code_sandbox.protocol import ReadyAnswer
 from code_sandbox.settings import Settings
-from code_sandbox.transport import Target, Transport
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import anyio
 
+from code_sandbox.channel.transport import Target
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import user_of
-from code_sandbox.provisioner import Provisioned, Provisioner, run_sync
-from code_sandbox.transport import Target
+from code_sandbox.sandbox.provisioner import Provisioned, Provisioner, run_sync
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 
-from code_sandbox.seccomp_group import Group, syscall_names
+from code_sandbox.seccomp.group import Group, syscall_names
 
 REFUSED_ENOSYS: tuple[Group, ...] = (
     Group(

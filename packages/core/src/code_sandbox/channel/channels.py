@@ -13,11 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from code_sandbox.engine import Engine, ExecStream, LineRequest
-from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import SUPERVISOR_USER
-from code_sandbox.profile import Profile
-from code_sandbox.protocol import (
+from code_sandbox.channel.protocol import (
     ChannelHello,
     EvaluateAnswer,
     EvaluateRequest,
@@ -34,7 +30,7 @@ from code_sandbox.protocol import (
     parse_answer,
     parse_message,
 )
-from code_sandbox.transport import (
+from code_sandbox.channel.transport import (
     OPERATIONS,
     FileRequest,
     HelperCrash,
@@ -45,6 +41,10 @@ from code_sandbox.transport import (
     Transport,
     untrusted,
 )
+from code_sandbox.engine import Engine, ExecStream, LineRequest
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hardening import SUPERVISOR_USER
+from code_sandbox.profile import Profile
 
 OPEN_SECONDS = 30.0
 """How long a new channel may take to say hello (a runtime start in a loaded container)."""

@@ -17,21 +17,21 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from code_sandbox.audit import AuditLog
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.execution import prepare_program, run_prepared
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.image import VerifiedImages
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.profile import Profile
-from code_sandbox.relay import OutputSink, Progress
-from code_sandbox.results import RunResult
-from code_sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.audit import AuditLog
+from code_sandbox.sandbox.execution import prepare_program, run_prepared
+from code_sandbox.sandbox.relay import OutputSink, Progress
+from code_sandbox.sandbox.results import RunResult
+from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.sweep import sweep_managed
+from code_sandbox.sandbox.workspace import prepare_write
 from code_sandbox.settings import Settings
-from code_sandbox.sweep import sweep_managed
-from code_sandbox.workspace import prepare_write
 
 logger = logging.getLogger(__name__)
 

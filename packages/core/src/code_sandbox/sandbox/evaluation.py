@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from code_sandbox.channel import Channel
+from code_sandbox.channel.guard import Channel
+from code_sandbox.channel.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import OUTPUT_CAP_BYTES
-from code_sandbox.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal
-from code_sandbox.relay import OutputSink, Progress
-from code_sandbox.results import Evaluation, ThrownErrorOutput
-from code_sandbox.sessions import SessionManager
-from code_sandbox.supervision import HOST_GRACE_SECONDS, cleanup_failed, decode_output, supervise_call
+from code_sandbox.sandbox.relay import OutputSink, Progress
+from code_sandbox.sandbox.results import Evaluation, ThrownErrorOutput
+from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.supervision import HOST_GRACE_SECONDS, cleanup_failed, decode_output, supervise_call
 
 
 async def evaluate_code(

@@ -4,7 +4,7 @@ those filters compare with are here too. :mod:`code_sandbox.seccomp` builds the 
 
 from __future__ import annotations
 
-from code_sandbox.seccomp_group import Group, syscall_names
+from code_sandbox.seccomp.group import Group, syscall_names
 
 # Socket address families and protocols (include/linux/socket.h, include/uapi/linux/netlink.h).
 AF_UNIX = 1
