@@ -19,6 +19,7 @@ from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.image.package_sets import PACKAGES_DIGEST_LABEL, PACKAGES_LABEL
 from code_sandbox.profile import PackageSet, Profile
+from code_sandbox.sandbox.service import SandboxService
 from code_sandbox.serve.server import SandboxServer
 from code_sandbox.settings import load_settings
 from mcp import Client
@@ -94,7 +95,7 @@ def test_verify_fails_after_a_file_is_added_to_the_tree(package_variant: Variant
 
 def _server(engine: DockerEngine, tmp_path: Path, profile: Profile) -> Client:
     environ = {"CODE_SANDBOX_AUDIT_LOG": str(tmp_path / "audit.jsonl"), "CODE_SANDBOX_WARM_POOL": "0"}
-    server = SandboxServer(load_settings(environ), profile, engine=engine, state_dir=tmp_path / "state")
+    server = SandboxServer(SandboxService(load_settings(environ), profile, engine=engine, state_dir=tmp_path / "state"))
     return Client(server, mode="legacy")
 
 

@@ -15,6 +15,7 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hookspecs import hookimpl
 from code_sandbox.plugins import create_plugin_manager, installed_profiles, select_profile
 from code_sandbox.profile import HelperKind, ImageContents, ImageSpec, Profile, ProfileInfo
+from code_sandbox.sandbox.service import SandboxService
 from code_sandbox.serve.server import SandboxServer
 from code_sandbox.settings import load_settings
 
@@ -198,7 +199,7 @@ def test_only_the_docker_adapter_imports_docker_and_only_its_sdk_module_reaches_
 
 def test_the_server_names_its_run_and_one_shot_tools_as_the_profile_says() -> None:
     profile = select_profile(create_plugin_manager(plugins=[ToyPlugin()]), "toy-offline")
-    server = SandboxServer(load_settings({}), profile)
+    server = SandboxServer(SandboxService(load_settings({}), profile))
     assert {"run_toy", "try_toy"} <= set(server.tool_defs)
     assert not {name for name in server.tool_defs if "javascript" in name}
 

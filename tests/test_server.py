@@ -41,6 +41,7 @@ from code_sandbox.hardening import (
 from code_sandbox.limits import MEMORY_BYTES, PROCESSES, WORDS
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
+from code_sandbox.sandbox.service import SandboxService
 from code_sandbox.serve.server import SandboxServer
 from code_sandbox.settings import load_settings
 from mcp import Client, ClientSession, StdioServerParameters
@@ -93,7 +94,9 @@ def make_server(engine: Engine, tmp_path: Path, **settings: str) -> SandboxServe
     environ = {f"CODE_SANDBOX_{name.upper()}": value for name, value in settings_of(tmp_path, **settings).items()}
     loaded = load_settings(environ)
     profile = select_profile(create_plugin_manager(), loaded.profile)
-    return SandboxServer(loaded, profile, engine=engine, state_dir=tmp_path / "xdg-state" / "code-sandbox")
+    return SandboxServer(
+        SandboxService(loaded, profile, engine=engine, state_dir=tmp_path / "xdg-state" / "code-sandbox")
+    )
 
 
 async def none_of_mine(engine: DockerEngine, within: float = 20) -> None:
@@ -153,7 +156,7 @@ async def test_the_tool_list_documents_every_parameter_with_annotations_and_outp
 
 def test_every_size_the_tools_mention_is_an_enforced_limit(profile: Profile) -> None:
     """Tool text, schemas and the profile's run description are formatted from the limits module, never retyped."""
-    server = SandboxServer(load_settings({}), profile)
+    server = SandboxServer(SandboxService(load_settings({}), profile))
     texts = [text for tool in server.tool_defs.values() for text in _texts(tool.describe())]
     enforced = set(WORDS.values())
     sizes = {match.group(0) for text in texts for match in re.finditer(r"\b\d+ (?:MiB|KiB|GiB)\b", text)}

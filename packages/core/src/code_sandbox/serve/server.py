@@ -15,7 +15,6 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 from datetime import UTC, datetime
 from importlib import metadata
-from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -31,9 +30,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
-from code_sandbox.engine import Engine
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.profile import Profile
 from code_sandbox.sandbox.evaluation import evaluate_code
 from code_sandbox.sandbox.execution import run_entrypoint
 from code_sandbox.sandbox.results import EvaluateOutput, RunOutput, RunResult
@@ -64,7 +61,6 @@ from code_sandbox.serve.schemas import (
     run_input_models,
 )
 from code_sandbox.serve.tool_calls import Context, Counts, ToolDef, error_result, live_progress, tool_annotations
-from code_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -93,17 +89,10 @@ def _run_counts(counts: Counts, result: RunResult) -> None:
 class SandboxServer(Server[None]):
     """The code-sandbox MCP server for one profile: the SDK's low-level server with our tool table."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        profile: Profile,
-        *,
-        engine: Engine | None = None,
-        state_dir: Path | None = None,
-        service: SandboxService | None = None,
-    ) -> None:
-        """``service``: the sandboxes, if the caller built (and maybe started) them; else built here from
-        ``engine`` and ``state_dir``."""
+    def __init__(self, service: SandboxService) -> None:
+        """``service``: the sandboxes, which the caller built (and may have started): their settings and profile
+        are the server's."""
+        settings, profile = service.settings, service.profile
         info = profile.info
         self.execute_tool_name = info.execute_tool_name
         words = tool_text.package_words(settings, profile, ())
@@ -117,7 +106,7 @@ class SandboxServer(Server[None]):
         )
         self.settings = settings
         self.profile = profile
-        self.service = service or SandboxService(settings, profile, engine=engine, state_dir=state_dir)
+        self.service = service
         self.engine = self.service.engine
         self.manager = self.service.manager
         self.audit = self.service.audit

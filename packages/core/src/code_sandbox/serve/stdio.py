@@ -258,7 +258,7 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
 
                     from code_sandbox.serve.server import SandboxServer
 
-                    server = SandboxServer(settings, profile, service=service)
+                    server = SandboxServer(service)
                     stdin = _sdk_stream(_replayed(first[0], lines))
                     async with stdio_server(stdin=stdin, stdout=_sdk_stream(wire)) as (read, write):
                         await server.run(read, write, server.create_initialization_options())
