@@ -26,12 +26,11 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox.execution import run_program
+from code_sandbox.sandbox.pictures import MAX_BYTES, whole_picture_type
 from code_sandbox.sandbox.relay import LAST_LINE_CHARS, LastLine
 from code_sandbox.sandbox.results import RunResult
 from code_sandbox.sandbox.supervision import SURVEY_RETRY_PAUSES
 from code_sandbox.sandbox.workspace import (
-    PICTURE_MAX_BYTES,
-    ReadResult,
     delete_files,
     list_files,
     read_file,
@@ -459,15 +458,15 @@ def _webp(width: int, height: int, *, size_delta: int = 0) -> bytes:
     ],
 )
 def test_a_picture_is_one_whose_structure_holds_and_whose_size_is_modest(data: bytes, expected: str | None) -> None:
-    assert ReadResult("", len(data), False, data).picture_type == expected
-    assert ReadResult("", len(data) + 1, True, data).picture_type is None  # cut: not a whole picture
-    assert ReadResult("text", 4, False).picture_type is None  # a text read
+    assert whole_picture_type(data, truncated=False) == expected
+    assert whole_picture_type(data, truncated=True) is None  # cut: not a whole picture
+    assert whole_picture_type(None, truncated=False) is None  # a text read
 
 
 def test_a_picture_over_the_size_limit_is_not_returned_as_one() -> None:
     big = _png(2, 1)
-    padded = big[:-12] + struct.pack(">I", PICTURE_MAX_BYTES) + b"tEXt" + b"\x00" * PICTURE_MAX_BYTES
-    assert ReadResult("", len(padded), False, padded).picture_type is None
+    padded = big[:-12] + struct.pack(">I", MAX_BYTES) + b"tEXt" + b"\x00" * MAX_BYTES
+    assert whole_picture_type(padded, truncated=False) is None
 
 
 async def test_a_text_read_that_is_not_the_bytes_asked_for_destroys_the_sandbox(sandboxes: MemorySandboxes) -> None:

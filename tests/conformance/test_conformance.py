@@ -6,6 +6,7 @@ results, limits, timeouts, cancellation, cleanup, and the basic confinement seen
 
 from __future__ import annotations
 
+import base64
 import json
 from functools import partial
 
@@ -249,9 +250,9 @@ async def test_any_bytes_are_written_and_read_back_as_base64_and_refused_as_text
     data = bytes(range(256)) * 3
     assert await write_files(sandboxes, session.id, [("blob.bin", data)], overwrite=False) == ["written"]
     whole = await read_file(sandboxes, session.id, "blob.bin", max_bytes=4096, encoding="base64")
-    assert (whole.data, whole.size, whole.truncated, whole.picture_type) == (data, 768, False, None)
+    assert (base64.b64decode(whole.content), whole.size, whole.truncated, whole.image_type) == (data, 768, False, None)
     cut = await read_file(sandboxes, session.id, "blob.bin", max_bytes=5, encoding="base64")
-    assert (cut.data, cut.truncated) == (data[:5], True)
+    assert (base64.b64decode(cut.content), cut.truncated) == (data[:5], True)
     with pytest.raises(SandboxError) as caught:
         await read_file(sandboxes, session.id, "blob.bin", max_bytes=4096)
     assert caught.value.code == ErrorCode.BINARY_FILE

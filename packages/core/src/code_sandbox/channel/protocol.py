@@ -44,6 +44,12 @@ class Message(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
+class Answer(Message):
+    """An answer that went through: every one says ``ok: true``, where a :class:`Refusal` says ``false``."""
+
+    ok: Literal[True]
+
+
 # -- requests (host to helper) ------------------------------------------------------------------------------------
 
 WorkspacePath = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_BYTES)]
@@ -142,10 +148,9 @@ class Refusal(Message):
     partial: bool = False
 
 
-class Supervised(Message):
+class Supervised(Answer):
     """What every supervised call of user code reports: its output, time, cleanup and usage."""
 
-    ok: Literal[True]
     stdout_b64: Base64
     stderr_b64: Base64
     stdout_bytes: Count
@@ -200,32 +205,28 @@ class EvaluateAnswer(Supervised):
     context_ended: ContextEnd | None
 
 
-class KillAllAnswer(Message):
+class KillAllAnswer(Answer):
     """``runner --kill-all``: how many processes it killed, and whether a scan then found none."""
 
-    ok: Literal[True]
     killed: Count
     cleanup: Literal["ok", "failed"]
 
 
-class SurveyAnswer(Message):
+class SurveyAnswer(Answer):
     """``runner --survey``, run as the supervisor uid: live processes of any other unprivileged uid."""
 
-    ok: Literal[True]
     alive: Count
 
 
-class ReadyAnswer(Message):
+class ReadyAnswer(Answer):
     """``runner --watchdog-ready``: whether the watchdog has installed its claim-signal handler."""
 
-    ok: Literal[True]
     ready: bool
 
 
-class ChannelHello(Message):
+class ChannelHello(Answer):
     """``runner --channel``'s first line: its pid, which the supervisor's survey then spares."""
 
-    ok: Literal[True]
     pid: Annotated[int, Field(ge=1, le=2**32)]
 
 
@@ -244,17 +245,15 @@ class OutputPiece(Message):
     b64: Base64
 
 
-class WriteAnswer(Message):
-    ok: Literal[True]
+class WriteAnswer(Answer):
     results: Annotated[list[WriteStatus], Field(max_length=MAX_RESULTS)]
     entries: Count
     bytes: Count
 
 
-class ExecuteAnswer(Message):
+class ExecuteAnswer(Answer):
     """Both halves of an :class:`ExecuteRequest` that went through; the first refusal is answered instead."""
 
-    ok: Literal[True]
     written: WriteAnswer
     run: RunAnswer
 
@@ -265,32 +264,27 @@ class ListRow(Message):
     size: Count
 
 
-class ListAnswer(Message):
-    ok: Literal[True]
+class ListAnswer(Answer):
     entries: Annotated[list[ListRow], Field(max_length=MAX_LIST_ENTRIES)]
     truncated: bool
 
 
-class ReadAnswer(Message):
-    ok: Literal[True]
+class ReadAnswer(Answer):
     content: Annotated[str, StringConstraints(max_length=MAX_READ_CHARS)]
     size: Count
     truncated: bool
 
 
-class DeleteAnswer(Message):
-    ok: Literal[True]
+class DeleteAnswer(Answer):
     results: Annotated[list[DeleteOutcome], Field(max_length=MAX_RESULTS)]
 
 
-class DigestAnswer(Message):
-    ok: Literal[True]
+class DigestAnswer(Answer):
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
     size: Count
 
 
-class InventoryAnswer(Message):
-    ok: Literal[True]
+class InventoryAnswer(Answer):
     entries: Count
     bytes: Count
     overflow: bool

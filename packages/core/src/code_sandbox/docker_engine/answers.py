@@ -101,7 +101,9 @@ class HealthcheckAnswer(_Answer):
     Test: list[str] | None = None
 
 
-class ImageConfigAnswer(_Answer):
+class ConfigAnswer(_Answer):
+    """The ``Config`` of an image or a container: the Docker API gives both the same shape."""
+
     Labels: dict[str, str] | None = None
     User: str | None = None
     Env: list[str] | None = None
@@ -134,10 +136,10 @@ class ImageAnswer(_Answer):
     Id: str
     Architecture: str | None = None
     Size: int | None = None
-    Config: ImageConfigAnswer | None = None
+    Config: ConfigAnswer | None = None
 
     def facts(self) -> ImageFacts:
-        config = self.Config or ImageConfigAnswer()
+        config = self.Config or ConfigAnswer()
         return ImageFacts(
             id=self.Id,
             labels=dict(config.Labels or {}),
@@ -146,10 +148,6 @@ class ImageAnswer(_Answer):
             size=self.Size or 0,
             config=config.config(),
         )
-
-
-class ContainerConfig(_Answer):
-    Labels: dict[str, str] | None = None
 
 
 class ContainerState(_Answer):
@@ -166,7 +164,7 @@ class ContainerAnswer(_Answer):
 
     Id: str
     Created: str | None = None
-    Config: ContainerConfig | None = None
+    Config: ConfigAnswer | None = None
     State: ContainerState | None = None
     Mounts: list[Mount] | None = None
 

@@ -257,8 +257,8 @@ class DockerEngine:
                 try:
                     created = api.create_container(**create_kwargs, host_config=api.create_host_config(**host_kwargs))
                 except APIError as exc:
-                    if daemon.podman and podman.init_missing(exc):
-                        raise podman.no_catatonit() from None
+                    if daemon.podman and (refusal := podman.create_refusal(exc)) is not None:
+                        raise refusal from None
                     raise
                 container_id = Created.model_validate(created).Id
             if volumes:
@@ -298,8 +298,8 @@ class DockerEngine:
             try:
                 self.client().start(container_id)
             except APIError as exc:
-                if self._podman() and podman.runtime_refused(exc):
-                    raise podman.runtime_cannot_start(runtime, exc) from None
+                if self._podman() and (refusal := podman.start_refusal(runtime, exc)) is not None:
+                    raise refusal from None
                 raise
 
     def remove_container(self, container_id: str) -> bool:

@@ -16,10 +16,10 @@ and :mod:`code_sandbox.docker_engine.volumes`, and nowhere else:
 - It ignores the runtime asked for and runs every container under the service's own OCI runtime, while its info lists
   runtimes that may not even be installed: that runtime is the only one it has here, none is asked for, and a
   ``CODE_SANDBOX_RUNTIME`` naming another is refused (:func:`podman_ignores_runtime`). Where that runtime cannot run
-  (crun on hybrid cgroups), every start fails with "OCI runtime error": :func:`runtime_cannot_start` names the fix.
+  (crun on hybrid cgroups), every start fails with "OCI runtime error": :func:`start_refusal` names the fix.
 - It ignores ``cgroupns: private``: a sandbox sees the host's cgroup paths in ``/proc/self/cgroup``.
 - Its AppArmor profile is ``containers-default-*``, not ``docker-default``: none is named, so Podman applies its own.
-- ``init`` needs catatonit; without it every create fails (:func:`no_catatonit`).
+- ``init`` needs catatonit; without it every create fails (:func:`create_refusal`).
 - A kill or exec on a stopped container fails with 500 "container state improper", not 409; an inspect, kill or
   removal of a container it is removing fails with 500 "... no such container", not 404 (:func:`gone`).
 - It adds ``TERM`` and ``container=podman`` to the environment, and an exec that has not started inspects as exited
@@ -89,11 +89,11 @@ def not_running(exc: APIError, podman: bool) -> bool:
     return exc.status_code == 500 and podman and "container state improper" in said(exc)
 
 
-def init_missing(exc: APIError) -> bool:
-    return "container-init binary not found" in said(exc)
-
-
-def no_catatonit() -> SandboxError:
+def create_refusal(exc: APIError) -> SandboxError | None:
+    """What Podman's refusal of a create means, when it is its own: without catatonit it cannot give a container
+    the init process asked for."""
+    if "container-init binary not found" not in said(exc):
+        return None
     return SandboxError(
         ErrorCode.CONTAINER_START_FAILED,
         "Podman cannot start sandboxes: it needs catatonit for their init process",
@@ -129,14 +129,13 @@ HYBRID_CGROUPS_FIX = (
 )
 
 
-def runtime_refused(exc: APIError) -> bool:
-    return exc.status_code == 500 and any(words in said(exc) for words in _RUNTIME_REFUSALS)
-
-
-def runtime_cannot_start(runtime: RuntimeFacts, exc: APIError) -> SandboxError:
-    """The error for a Podman service whose OCI runtime refuses a sandbox's start: for the operator, the hint names
-    the runtime and the fix, and the engine's words say why. (On Docker "OCI runtime" heads nearly every refused
-    start, a missing file as much as a runtime that cannot run, so Docker's refusals keep the plain message.)"""
+def start_refusal(runtime: RuntimeFacts, exc: APIError) -> SandboxError | None:
+    """What Podman's refusal of a start means when its OCI runtime refused the sandbox: for the operator, the hint
+    names the runtime and the fix, and the engine's words say why. (On Docker "OCI runtime" heads nearly every
+    refused start, a missing file as much as a runtime that cannot run, so Docker's refusals keep the plain
+    message.)"""
+    if exc.status_code != 500 or not any(words in said(exc) for words in _RUNTIME_REFUSALS):
+        return None
     words = engine_text(exc) or ""
     name = runtime.name if is_runtime_name(runtime.name) else "its runtime"
     fix = HYBRID_CGROUPS_FIX if "cgroups in hybrid mode" in words else RUNTIME_FIX

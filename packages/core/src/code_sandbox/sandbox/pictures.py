@@ -13,6 +13,16 @@ import zlib
 
 MAX_SIDE = 8000
 MAX_PIXELS = 40_000_000
+MAX_BYTES = 1024 * 1024
+"""A larger file is not offered as a picture."""
+
+
+def whole_picture_type(data: bytes | None, *, truncated: bool) -> str | None:
+    """The picture type of a whole file read as bytes (:func:`picture_type`), at most :data:`MAX_BYTES` of it;
+    ``None`` for text, a read that was cut, or a larger file."""
+    if data is None or truncated or len(data) > MAX_BYTES:
+        return None
+    return picture_type(data)
 
 
 def picture_type(data: bytes) -> str | None:

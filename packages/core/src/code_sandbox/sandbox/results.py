@@ -1,6 +1,7 @@
-"""What a run and an evaluation return: the run and evaluate tools' output models, built once from the helper's checked
-answer (:mod:`.execution`, :mod:`.evaluation`) and handed to the client as they are, and beside that output, never
-serialised, what only the host uses (audit counts, the bytes ``code-sandbox run`` prints)."""
+"""What a run, an evaluation and a read return: the run, evaluate and read tools' output models, built once from the
+helper's checked answer (:mod:`.execution`, :mod:`.evaluation`, :mod:`.workspace`) and handed to the client as they
+are, and beside a run's or an evaluation's output, never serialised, what only the host uses (audit counts, the bytes
+``code-sandbox run`` prints)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,17 @@ class Evaluation(EvaluateOutput):
 
     output_bytes: int = Field(exclude=True)
     """Both streams' bytes as the runner counted them, past the cap too."""
+
+
+class ReadFileOutput(Output):
+    content: str = Field(
+        description="The file's text, or its first max_bytes bytes cut at a character boundary; with encoding "
+        "base64, its bytes (at most max_bytes of them) in base64."
+    )
+    size: int = Field(description="The whole file's size in bytes.")
+    truncated: bool = Field(description="True when content is only the beginning of the file.")
+    image_type: str | None = Field(
+        default=None,
+        description="image/png, image/jpeg, image/gif or image/webp when content is a whole picture of at most "
+        "1 MiB (found by its first bytes, not its name); the result then also carries it as an image.",
+    )

@@ -48,10 +48,10 @@ from code_sandbox.limits import (
     WORKSPACE_BYTES,
 )
 from code_sandbox.paths import validate_path
-from code_sandbox.sandbox.pictures import picture_type
+from code_sandbox.sandbox.pictures import whole_picture_type
+from code_sandbox.sandbox.results import ReadFileOutput
 
 HELPER_TIMEOUT_SECONDS = 30.0
-PICTURE_MAX_BYTES = 1024 * 1024
 """A picture read as base64 up to this size is also returned as an image for the client to show."""
 
 
@@ -94,25 +94,6 @@ class ListEntry:
     path: str
     type: Literal["file", "directory"]
     size: int
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    content: str
-    """The text, or the base64 of the bytes."""
-    size: int
-    truncated: bool
-    data: bytes | None = None
-    """The bytes themselves, for a base64 read."""
-
-    @property
-    def picture_type(self) -> str | None:
-        """The MIME type of a whole, well-formed PNG, JPEG, GIF or WebP file of at most 1 MiB and modest size in
-        pixels (:mod:`code_sandbox.sandbox.pictures`), for clients that show pictures; ``None`` for anything else."""
-        data = self.data
-        if data is None or self.truncated or len(data) > PICTURE_MAX_BYTES:
-            return None
-        return picture_type(data)
 
 
 def encode_write_stream(files: Sequence[tuple[str, bytes]]) -> Iterator[bytes]:
@@ -207,7 +188,7 @@ async def read_file(
     *,
     max_bytes: int,
     encoding: Literal["utf-8", "base64"] = "utf-8",
-) -> ReadResult:
+) -> ReadFileOutput:
     """Read at most ``max_bytes`` bytes of a file: as UTF-8 text, never cutting a character (``BINARY_FILE`` for
     anything else), or as base64 of the bytes as they are."""
     if not 1 <= max_bytes <= MAX_FILE_BYTES:
@@ -218,7 +199,8 @@ async def read_file(
         data = _read_bytes(answer, max_bytes) if encoding == "base64" else _read_text(answer, max_bytes)
         if data is None:
             raise await channel.fail_closed(_out_of_protocol())
-    return ReadResult(answer.content, answer.size, answer.truncated, data if encoding == "base64" else None)
+    picture = whole_picture_type(data if encoding == "base64" else None, truncated=answer.truncated)
+    return ReadFileOutput(content=answer.content, size=answer.size, truncated=answer.truncated, image_type=picture)
 
 
 def _read_text(answer: ReadAnswer, max_bytes: int) -> bytes | None:

@@ -303,20 +303,6 @@ class ListFilesOutput(Output):
     )
 
 
-class ReadFileOutput(Output):
-    content: str = Field(
-        description="The file's text, or its first max_bytes bytes cut at a character boundary; with encoding "
-        "base64, its bytes (at most max_bytes of them) in base64."
-    )
-    size: int = Field(description="The whole file's size in bytes.")
-    truncated: bool = Field(description="True when content is only the beginning of the file.")
-    image_type: str | None = Field(
-        default=None,
-        description="image/png, image/jpeg, image/gif or image/webp when content is a whole picture of at most "
-        "1 MiB (found by its first bytes, not its name); the result then also carries it as an image.",
-    )
-
-
 class DeleteStatus(Output):
     path: str
     status: DeleteOutcome = Field(

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.sandbox.evaluation import evaluate_code
 from code_sandbox.sandbox.execution import run_entrypoint
-from code_sandbox.sandbox.results import EvaluateOutput, RunOutput, RunResult
+from code_sandbox.sandbox.results import EvaluateOutput, ReadFileOutput, RunOutput, RunResult
 from code_sandbox.sandbox.service import SandboxService
 from code_sandbox.sandbox.sessions import session_hash
 from code_sandbox.sandbox.workspace import delete_files, list_files, read_file, write_files
@@ -52,7 +52,6 @@ from code_sandbox.serve.schemas import (
     ListFilesInput,
     ListFilesOutput,
     ReadFileInput,
-    ReadFileOutput,
     RunInput,
     SessionInput,
     WriteFilesInput,
@@ -254,9 +253,7 @@ class SandboxServer(Server[None]):
             self.manager, params.session_id, params.path, max_bytes=params.max_bytes, encoding=params.encoding
         )
         counts.update(bytes=result.size, truncated=result.truncated)
-        return ReadFileOutput(
-            content=result.content, size=result.size, truncated=result.truncated, image_type=result.picture_type
-        )
+        return result
 
     async def _delete(self, params: DeleteFilesInput, _ctx: Context, counts: Counts) -> BaseModel:
         statuses = await delete_files(self.manager, params.session_id, params.paths)
