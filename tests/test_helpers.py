@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
-from code_sandbox.channel.protocol import InventoryAnswer, InventoryRequest, Refusal, RunRequest
+from code_sandbox.channel.protocol import ListAnswer, ListRequest, Refusal, RunRequest
 from code_sandbox.channel.transport import HelperExecs, Target
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.errors import ErrorCode, SandboxError
@@ -91,9 +91,8 @@ def test_a_fifo_in_the_workspace_is_refused_by_the_file_helper(
     container_id = engine.create_container(request)
     try:
         target = Target(container_id, user_of(PROBE_UID))
-        answer = HelperExecs(engine, profile).call(
-            target, "files", ["inventory"], InventoryAnswer, request=InventoryRequest(), timeout=30
-        )
+        listing = ListRequest(path=".", recursive=False, max_depth=0, max_entries=10)
+        answer = HelperExecs(engine, profile).call(target, "files", ["list"], ListAnswer, request=listing, timeout=30)
     finally:
         engine.remove_container(container_id)
         untag_image(engine, tag)

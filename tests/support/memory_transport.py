@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 
 from code_sandbox.channel.guard import Channel
 from code_sandbox.channel.protocol import (
-    DeleteRequest,
     DigestRequest,
-    InventoryRequest,
     KillAllAnswer,
     ListRequest,
     M,
@@ -103,13 +101,9 @@ class MemoryTransport(Transport):
             kept = data[: request.max_bytes]
             content = base64.b64encode(kept).decode() if request.encoding == "base64" else kept.decode()
             return {"ok": True, "content": content, "size": len(data), "truncated": len(data) > request.max_bytes}
-        if isinstance(request, DeleteRequest):
-            statuses = [
-                "deleted" if self.workspace.pop(path, None) is not None else "missing" for path in request.paths
-            ]
-            return {"ok": True, "results": statuses}
-        assert isinstance(request, InventoryRequest)
-        return {"ok": True, "entries": len(self.workspace), "bytes": self._bytes(), "overflow": False}
+        # A DeleteRequest: every other kind is answered above.
+        statuses = ["deleted" if self.workspace.pop(path, None) is not None else "missing" for path in request.paths]
+        return {"ok": True, "results": statuses}
 
     def _bytes(self) -> int:
         return sum(len(data) for data in self.workspace.values())

@@ -98,10 +98,6 @@ class DigestRequest(Message):
     path: WorkspacePath
 
 
-class InventoryRequest(Message):
-    """``files inventory``: count what the workspace holds, checking its integrity."""
-
-
 class RunRequest(Message):
     """``runner -``: run ``argv`` in its own process group, with output caps and a deadline."""
 
@@ -282,12 +278,6 @@ class DeleteAnswer(Answer):
 class DigestAnswer(Answer):
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
     size: Count
-
-
-class InventoryAnswer(Answer):
-    entries: Count
-    bytes: Count
-    overflow: bool
 
 
 class ProbeAnswer(Message):

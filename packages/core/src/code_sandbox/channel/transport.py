@@ -29,7 +29,6 @@ from code_sandbox.channel.protocol import (
     EvaluateRequest,
     ExecuteAnswer,
     ExecuteRequest,
-    InventoryRequest,
     KillAllAnswer,
     ListRequest,
     M,
@@ -49,14 +48,13 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.profile import HelperKind, Profile
 
 MiB = 1024 * 1024
-FileRequest = WriteRequest | ListRequest | ReadRequest | DeleteRequest | DigestRequest | InventoryRequest
+FileRequest = WriteRequest | ListRequest | ReadRequest | DeleteRequest | DigestRequest
 OPERATIONS: dict[type[Message], str] = {
     WriteRequest: "write",
     ListRequest: "list",
     ReadRequest: "read",
     DeleteRequest: "delete",
     DigestRequest: "digest",
-    InventoryRequest: "inventory",
 }
 StderrSink = Callable[[bytes], None]
 
