@@ -230,7 +230,8 @@ class BuildEvent(_Answer):
     stream: str | None = None
     error: str | None = None
     errorDetail: BuildError | None = None
-    aux: BuildAux | None = None
+    aux: BuildAux | str | None = None
+    """The image ID from the classic builder; BuildKit's trace (a string) says nothing this adapter reads."""
 
     @property
     def failure(self) -> str | None:
@@ -240,7 +241,7 @@ class BuildEvent(_Answer):
 
     @property
     def image_id(self) -> str | None:
-        return self.aux.ID if self.aux else None
+        return self.aux.ID if isinstance(self.aux, BuildAux) else None
 
 
 _RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
