@@ -88,3 +88,19 @@ def test_a_build_error_is_our_error_with_the_builders_words_for_the_operator() -
     assert (
         caught.value.code == ErrorCode.IMAGE_BUILD_FAILED and caught.value.engine_text == '"no such file"'
     )  # escaped for a terminal
+
+
+def test_a_listed_containers_creation_time_is_read_as_seconds_and_anything_else_as_unknown(
+    engine: DockerEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sweep judges an unlabelled container by its age: a time read as unknown keeps it (never removes it).
+    rows = [
+        {"Id": "a", "Labels": {"k": "v"}, "State": "running", "Created": 1796378400},
+        {"Id": "b", "Labels": None, "State": "exited", "Created": "2026-12-04T10:00:00Z"},
+    ]
+    monkeypatch.setattr(docker.APIClient, "containers", answering(rows))
+    listed = engine.list_containers("k")
+    assert [(c.id, dict(c.labels), c.state, c.created) for c in listed] == [
+        ("a", {"k": "v"}, "running", 1796378400.0),
+        ("b", {}, "exited", None),
+    ]

@@ -211,6 +211,9 @@ def test_sweep_removes_a_stopped_managed_container(engine: DockerEngine, image_i
         apparmor=engine.daemon_facts().apparmor,
     )
     container = engine.create_container(request, start=False)
+    # The engine lists its creation time, which the sweep judges an unlabelled container by.
+    (listed,) = [c for c in engine.list_containers(LABEL_MANAGED) if c.id == container]
+    assert listed.created is not None and abs(listed.created - time.time()) < 60
     start_container(engine, container)
     deadline = time.monotonic() + 20
     while (facts := engine.container_facts(container)) is not None and facts.state == "running":

@@ -247,7 +247,8 @@ def _check_hardening(findings: list[Finding], engine: Engine, profile: Profile) 
             ("no-new-privileges", lambda: seen.no_new_privs is True),
         ]
         if daemon.apparmor:
-            checks.append(("AppArmor", lambda: daemon.apparmor_profile in (seen.apparmor or "")))
+            expected = daemon.apparmor_profile
+            checks.append(("AppArmor", lambda: expected is not None and expected in (seen.apparmor or "")))
     failed = [name for name, ok in checks if not ok()]
     passed_names = ", ".join(name for name, _ok in checks)
     findings.append(

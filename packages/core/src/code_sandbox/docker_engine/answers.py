@@ -159,14 +159,19 @@ class Mount(_Answer):
     Name: str | None = None
 
 
-class ContainerAnswer(_Answer):
+class ContainerMounts(_Answer):
+    """A container's inspect document, read for its mounts alone (a removal must not hang on anything else)."""
+
+    Mounts: list[Mount] | None = None
+
+
+class ContainerAnswer(ContainerMounts):
     """A container's inspect document."""
 
     Id: str
     Created: str | None = None
     Config: ConfigAnswer | None = None
     State: ContainerState | None = None
-    Mounts: list[Mount] | None = None
 
     def facts(self) -> ContainerFacts:
         return ContainerFacts(

@@ -47,7 +47,7 @@ from code_sandbox.engine import (
     RuntimeFacts,
 )
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import ContainerRequest
+from code_sandbox.hardening import LABEL_RUNTIME, ContainerRequest
 from code_sandbox.settings import Settings, SettingsError, env_name, unknown_runtime
 
 logger = logging.getLogger(__name__)
@@ -160,13 +160,13 @@ class DockerEngine:
                 started = time.monotonic()
                 info = InfoAnswer.model_validate(api.info())
                 ended = time.monotonic()
+                engine_time = parse_time(info.SystemTime)
+                if engine_time is not None:
+                    # The engine read its clock somewhere within the call; its middle is off by at most half of it.
+                    self._clock_anchor = (engine_time, (started + ended) / 2)
                 version = self._answered_version or VersionAnswer(ApiVersion="")
                 component = version.podman
                 service_runtime = podman.service_runtime(api, component) if component is not None else None
-            engine_time = parse_time(info.SystemTime)
-            if engine_time is not None:
-                # The engine read its clock somewhere within the call; its middle is off by at most half the call.
-                self._clock_anchor = (engine_time, (started + ended) / 2)
             self._daemon = info.facts(version, service_runtime)
         return self._daemon
 
@@ -251,7 +251,7 @@ class DockerEngine:
         container_id: str | None = None
         try:
             if daemon.podman:
-                self._volumes.create(volumes, {**request.labels, **self.labels})
+                self._volumes.create(volumes, {**request.labels, LABEL_RUNTIME: runtime.name})
                 host_kwargs = podman.host_config(host_kwargs, request, volumes, self._seccomp_file(daemon))
             with translate(*_STARTING):
                 try:

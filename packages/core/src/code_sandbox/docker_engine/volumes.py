@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from code_sandbox.docker_engine.answers import ContainerAnswer, VolumeAnswer, VolumeList, VolumeRow, parse_time
+from code_sandbox.docker_engine.answers import ContainerMounts, VolumeAnswer, VolumeList, VolumeRow, parse_time
 from code_sandbox.docker_engine.failures import APIError, NotFound, translate
 from code_sandbox.docker_engine.sdk import Client
 from code_sandbox.errors import ErrorCode, SandboxError
@@ -101,7 +101,7 @@ class PodmanVolumes:
             return known
         with translate(*_REMOVING):
             try:
-                data = ContainerAnswer.model_validate(self._client().inspect_container(container_id))
+                data = ContainerMounts.model_validate(self._client().inspect_container(container_id))
             except NotFound:
                 return ()
         names = (mount.Name or "" for mount in data.Mounts or () if mount.Type == "volume")

@@ -27,9 +27,9 @@ class DaemonFacts:
     """What serves the API: ``Docker Engine``, or ``Podman Engine`` (asked of the engine, never guessed)."""
     version: str = ""
     operating_system: str = ""
-    apparmor_profile: str = ""
+    apparmor_profile: str | None = None
     """The AppArmor profile the engine's containers run under where the host has AppArmor: ours names Docker's
-    ``docker-default``; Podman applies its own ``containers-default-*``."""
+    ``docker-default``; Podman applies its own ``containers-default-*``. ``None``: not known."""
 
     @property
     def podman(self) -> bool:
