@@ -7,16 +7,14 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator
-from functools import partial
 from pathlib import Path
 
 import anyio
 import pytest
 from code_sandbox.engine import ContainerFacts, DaemonFacts
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_SESSION, LABEL_UID, SANDBOX_UIDS
+from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, LABEL_SESSION
 from code_sandbox.profile import Profile
-from code_sandbox.sandbox import provisioner
 from code_sandbox.sandbox.pool import POOL_MARGIN_SECONDS
 from code_sandbox.sandbox.provisioner import require_enforcement
 from code_sandbox.sandbox.sessions import Session, SessionManager, session_hash
@@ -26,6 +24,7 @@ from code_sandbox.settings import Settings
 from tests.support.clock import FakeClock
 from tests.support.memory_engine import MemoryEngine
 from tests.support.memory_transport import MemoryTransport
+from tests.support.pool import running_pool
 
 pytestmark = pytest.mark.anyio
 SETTINGS = Settings(max_lifetime=60, idle_timeout=30, max_sessions=2, default_timeout=5, max_timeout=20)
@@ -94,20 +93,6 @@ async def test_session_cap_is_enforced_and_destroy_is_idempotent(manager: Sessio
     assert await manager.destroy(first.id) is False
     assert await manager.destroy("never-existed") is False
     await manager.create()  # the slot is free again
-
-
-async def test_a_drawn_uid_that_another_container_carries_is_detected_and_drawn_again(
-    manager: SessionManager, engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    taken, free = SANDBOX_UIDS[7], SANDBOX_UIDS[8]
-    draws = iter([taken, taken, free])
-    monkeypatch.setattr(provisioner, "draw_uid", lambda: next(draws))
-    first = await manager.create()
-    second = await manager.create()
-    assert (first.uid, second.uid) == (taken, free)
-    assert [c.id for c in engine.list_containers(f"{LABEL_UID}={taken}")] == [first.container_id]
-    assert len(engine.removed) == 1  # the clashing container, removed before it ever started
-    assert engine.calls.count("start") == 2
 
 
 async def test_a_manager_that_shut_down_starts_no_more_sandboxes(manager: SessionManager) -> None:
@@ -337,64 +322,44 @@ async def _filled(manager: SessionManager) -> None:
 async def test_a_warm_container_near_the_end_of_its_pool_lifetime_is_discarded_not_handed_out(
     engine: MemoryEngine, profile: Profile, clock: FakeClock
 ) -> None:
-    manager = make_manager(engine, profile, clock, POOLED)
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(partial(manager.pool.run, 3600))  # only a claim looks at the warm container's age
-            await _filled(manager)
-            (warm,) = manager.pool.warm_containers
-            clock.advance(USABLE_SECONDS - 1)
-            assert (await manager.create()).container_id == warm  # a second before the margin: still handed out
-            await _filled(manager)
-            (stale,) = manager.pool.warm_containers
-            clock.advance(USABLE_SECONDS)
-            session = await manager.create()
-            assert session.container_id != stale
-            assert stale not in live(engine)  # removed, not left to die by itself
-            group.cancel_scope.cancel()
-    finally:
-        await manager.shutdown()
+    # The filler never wakes by itself here: only a claim looks at the warm container's age.
+    async with running_pool(make_manager(engine, profile, clock, POOLED), retry_seconds=3600) as manager:
+        (warm,) = manager.pool.warm_containers
+        clock.advance(USABLE_SECONDS - 1)
+        assert (await manager.create()).container_id == warm  # a second before the margin: still handed out
+        await _filled(manager)
+        (stale,) = manager.pool.warm_containers
+        clock.advance(USABLE_SECONDS)
+        session = await manager.create()
+        assert session.container_id != stale
+        assert stale not in live(engine)  # removed, not left to die by itself
 
 
 async def test_the_pool_replaces_a_warm_container_that_can_no_longer_be_handed_out(
     engine: MemoryEngine, profile: Profile, clock: FakeClock
 ) -> None:
-    manager = make_manager(engine, profile, clock, POOLED)
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(partial(manager.pool.run, 0.01))
-            await _filled(manager)
-            (stale,) = manager.pool.warm_containers
-            clock.advance(USABLE_SECONDS)
-            with anyio.fail_after(10):
-                while manager.pool.warm_containers in ((), (stale,)):  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
-            assert stale not in live(engine)
-            group.cancel_scope.cancel()
-    finally:
-        await manager.shutdown()
+    async with running_pool(make_manager(engine, profile, clock, POOLED), retry_seconds=0.01) as manager:
+        (stale,) = manager.pool.warm_containers
+        clock.advance(USABLE_SECONDS)
+        with anyio.fail_after(10):
+            while manager.pool.warm_containers in ((), (stale,)):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        assert stale not in live(engine)
 
 
 async def test_shutdown_drains_the_pool(engine: MemoryEngine, profile: Profile, clock: FakeClock) -> None:
-    manager = make_manager(engine, profile, clock, POOLED)
-    warm: list[str] = []
-    async with anyio.create_task_group() as group:
-        group.start_soon(manager.pool.run)
-        await _filled(manager)
-        warm += manager.pool.warm_containers
+    async with running_pool(make_manager(engine, profile, clock, POOLED)) as manager:
+        (warm,) = manager.pool.warm_containers
         await manager.shutdown()
-        group.cancel_scope.cancel()
-    assert len(warm) == 1 and not live(engine) and manager.pool.warm_containers == ()
+        assert warm not in live(engine) and not live(engine) and manager.pool.warm_containers == ()
 
 
 async def test_a_create_while_the_first_warm_container_gets_ready_waits_for_it_rather_than_starting_another(
     engine: MemoryEngine, profile: Profile, clock: FakeClock
 ) -> None:
-    manager = make_manager(engine, profile, clock, POOLED)
     go = engine.hold("start")
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(manager.pool.run)
+    async with running_pool(make_manager(engine, profile, clock, POOLED), filled=False) as manager:
+        try:
             await _entered(engine, "start")
             (warming,) = live(engine)
             assert not manager.pool.warm_containers  # started, not ready yet: the state a server just started is in
@@ -403,51 +368,40 @@ async def test_a_create_while_the_first_warm_container_gets_ready_waits_for_it_r
             async def create() -> None:
                 created.append(await manager.create())
 
-            group.start_soon(create)
-            await anyio.sleep(0.05)
-            go.set()
             with anyio.fail_after(10):
-                while not created:  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
+                async with anyio.create_task_group() as group:
+                    group.start_soon(create)
+                    await anyio.sleep(0.05)
+                    go.set()
             assert created[0].container_id == warming and engine.calls.count("create_container") <= 2
-            group.cancel_scope.cancel()
-    finally:
-        go.set()
-        await manager.shutdown()
+        finally:
+            go.set()
 
 
 async def test_once_the_pool_was_filled_a_create_during_a_refill_starts_its_own_container(
     engine: MemoryEngine, profile: Profile, clock: FakeClock
 ) -> None:
-    manager = make_manager(engine, profile, clock, POOLED)
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(manager.pool.run)
-            await _filled(manager)
-            (warm,) = manager.pool.warm_containers
-            go = engine.hold("start")  # the refill stays in the making
+    async with running_pool(make_manager(engine, profile, clock, POOLED)) as manager:
+        (warm,) = manager.pool.warm_containers
+        go = engine.hold("start")  # the refill stays in the making
+        try:
             first = await manager.create()
             await _entered(engine, "start")
-            creating = anyio.Event()
+            created: list[Session] = []
 
             async def second_create() -> None:
-                creating.set()
                 created.append(await manager.create())
 
-            created: list[Session] = []
-            group.start_soon(second_create)
-            await creating.wait()
-            await anyio.sleep(0.05)
-            go.set()
             with anyio.fail_after(10):
-                while not created:  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
-            assert first.container_id == warm
-            labels = engine.containers[created[0].container_id].labels
-            assert labels[LABEL_SESSION] == session_hash(created[0].id)  # not a pool container
-            group.cancel_scope.cancel()
-    finally:
-        await manager.shutdown()
+                async with anyio.create_task_group() as group:
+                    group.start_soon(second_create)
+                    await anyio.sleep(0.05)
+                    go.set()
+        finally:
+            go.set()
+        assert first.container_id == warm
+        labels = engine.containers[created[0].container_id].labels
+        assert labels[LABEL_SESSION] == session_hash(created[0].id)  # not a pool container
 
 
 def test_an_engine_without_seccomp_or_linux_containers_is_refused() -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import AsyncGenerator
-from functools import partial
 
 import anyio
 import pytest
@@ -21,12 +19,13 @@ from code_sandbox.hardening import (
 )
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox.execution import run_entrypoint
-from code_sandbox.sandbox.pool import CLAIM_SIGNAL, POOL_MARGIN_SECONDS, POOL_RETRY_SECONDS
+from code_sandbox.sandbox.pool import CLAIM_SIGNAL, POOL_MARGIN_SECONDS
 from code_sandbox.sandbox.sessions import SessionManager
 from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.settings import Settings
 
 from tests.conftest import TEST_LABEL
+from tests.support.pool import running_pool
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 SETTINGS = Settings(max_sessions=3, warm_pool=1)
@@ -34,25 +33,9 @@ USABLE_SECONDS = SETTINGS.max_lifetime - POOL_MARGIN_SECONDS
 """How long after it is ready a warm container may be handed out."""
 
 
-@contextlib.asynccontextmanager
-async def filled_pool(
-    manager: SessionManager, *, retry_seconds: float = POOL_RETRY_SECONDS
-) -> AsyncGenerator[SessionManager]:
-    """Run the manager's pool filler until the pool is full and the block ends; then shut the manager down."""
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(partial(manager.pool.run, retry_seconds))
-            with anyio.fail_after(30):
-                await manager.pool.wait_for_pool()
-            yield manager
-            group.cancel_scope.cancel()
-    finally:
-        await manager.shutdown()
-
-
 @pytest.fixture
 async def pooled_manager(engine: DockerEngine, profile: Profile, image_id: str) -> AsyncGenerator[SessionManager]:
-    async with filled_pool(SessionManager(engine, profile, SETTINGS)) as manager:
+    async with running_pool(SessionManager(engine, profile, SETTINGS)) as manager:
         yield manager
 
 
