@@ -372,11 +372,7 @@ class DockerEngine:
         return self._execs.run(container_id, request)
 
     def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
-        """Start ``argv`` in the container with its stdin held open: requests go in, answers come back one line at
-        a time, for as long as the process lives (the helpers' channel).
-
-        :raises SandboxError: ``CONTAINER_UNAVAILABLE`` when the container or daemon is gone.
-        """
+        """See :meth:`code_sandbox.engine.Engine.open_exec` and :meth:`Execs.open`."""
         return self._execs.open(container_id, argv, user=user)
 
     def _podman(self) -> bool:

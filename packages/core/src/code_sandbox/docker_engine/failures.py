@@ -59,7 +59,6 @@ CONNECT_ERRORS = (
     docker.errors.DockerException,
     requests.exceptions.RequestException,
     pydantic.ValidationError,
-    KeyError,
     *TRANSPORT_ERRORS,
 )
 """What making a client and asking the engine's version can raise: each is :func:`connection_failed`."""
