@@ -90,15 +90,21 @@ def test_the_default_runtime_is_the_engines_and_every_container_is_labelled_with
         engine.remove_container(container)
 
 
-def test_doctor_says_gvisor_is_in_force_and_that_its_hardened_run_fails_there(
+def test_doctor_says_gvisor_is_in_force_names_the_engine_only_trust_model_and_its_probe_runs(
     gvisor: DockerEngine, profile: Profile, image_id: str
 ) -> None:
-    """The image's unreadable runtime cannot be executed by gVisor (SECURITY.md, "Under gVisor"): doctor says so
-    rather than passing a runtime that starts no sandbox."""
+    """Under gVisor the probe runs the runtime's readable copy (gVisor cannot execute the unreadable one), and doctor
+    names the trust model in force (SECURITY.md, "Under gVisor")."""
     del image_id
     findings = {finding.name: finding for finding in run_doctor(gvisor, profile, {"CODE_SANDBOX_RUNTIME": "runsc"})}
     assert findings["runtime"].passed and "gVisor" in findings["runtime"].detail
-    assert not findings["hardening enforced"].passed
+    assert "trust model: engine-only" in findings["runtime"].detail
+    assert findings["hardening enforced"].passed, findings["hardening enforced"].detail
+
+
+def test_doctor_names_the_sealed_helpers_trust_model_under_runc(engine: DockerEngine, profile: Profile) -> None:
+    findings = {finding.name: finding for finding in run_doctor(engine, profile, {})}
+    assert "trust model: sealed helpers" in findings["runtime"].detail
 
 
 def test_doctor_names_the_engines_runtimes_when_the_one_asked_for_is_missing(profile: Profile) -> None:
@@ -140,8 +146,11 @@ def test_verify_image_runs_its_hardened_probe_under_the_configured_runtime(
     monkeypatch.setattr(gvisor, "create_container", spy)
     report = verify_image(gvisor, profile)
     assert runtimes and set(runtimes) == {"runsc"}
-    # gVisor cannot execute the unreadable runtime: the hardened run fails, and names nothing but our words.
-    assert [check.name for check in report.checks if not check.passed] == ["hardened run"]
+    # gVisor runs the readable copy, which the image holds beside the unreadable runtime, byte for byte.
+    assert report.passed, [check for check in report.checks if not check.passed]
+    checks = {check.name: check.detail for check in report.checks}
+    assert checks["trust model"].startswith("engine-only:")
+    assert checks["readable runtime"].endswith("is the same binary, root-owned, mode 755")
 
 
 def test_a_sweep_removes_expired_containers_of_every_runtime_alike(

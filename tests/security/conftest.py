@@ -25,7 +25,7 @@ import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine, ExecRequest
-from code_sandbox.hardening import LABEL_TAG, PROBE_UID, user_of
+from code_sandbox.hardening import LABEL_TAG, PROBE_UID, readable_runtime, user_of
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox.execution import run_entrypoint
 from code_sandbox.sandbox.results import RunResult
@@ -85,7 +85,7 @@ console.log(JSON.stringify(states));
 
 def gvisor_processes(engine: Engine, container_id: str) -> dict[str, int]:
     """The processes of a gVisor sandbox, as its own kernel lists them, by command name and state."""
-    argv = ["/usr/local/bin/node", "-e", _GVISOR_SURVEY]
+    argv = [readable_runtime("/usr/local/bin/node"), "-e", _GVISOR_SURVEY]
     result = engine.exec(container_id, ExecRequest(argv, user=user_of(PROBE_UID), timeout=30, max_stdout=65536))
     assert result.exit_code == 0, result.stderr
     return cast(dict[str, int], json.loads(result.stdout))
@@ -93,6 +93,8 @@ def gvisor_processes(engine: Engine, container_id: str) -> dict[str, int]:
 
 def _processes(engine: Engine, session: Session) -> dict[str, int]:
     if engine.runtime_in_force().user_space_kernel:
+        if engine.container_facts(session.container_id) is None:
+            return {}  # gone: its processes went with the gVisor kernel that ran them
         return gvisor_processes(engine, session.container_id)
     return sandbox_processes(session.container_id, session.uid)
 
@@ -116,11 +118,20 @@ async def assert_nothing_outlives_the_run(engine: Engine, session: Session) -> N
     assert _between_runs(states), states
 
 
+def under_gvisor(manager: SessionManager) -> bool:
+    """Whether the manager's sandboxes run under gVisor (the engine-only trust model)."""
+    return manager.provisioner.engine.runtime_in_force().user_space_kernel
+
+
 @dataclass
 class Arena:
     manager: SessionManager
     victim: Session
     bystander: Session
+
+    @property
+    def gvisor(self) -> bool:
+        return under_gvisor(self.manager)
 
     async def attack(self, source: str, *, timeout: int = 10, name: str = "attack.js") -> RunResult:  # noqa: ASYNC109
         """Run hostile code in the victim sandbox."""
@@ -177,6 +188,10 @@ class SharedSandbox:
     portal: BlockingPortal
     manager: SessionManager
     _session: Session | None = None
+
+    @property
+    def gvisor(self) -> bool:
+        return under_gvisor(self.manager)
 
     @property
     def session(self) -> Session:

@@ -25,6 +25,7 @@ from code_sandbox.engine import (
     LineRequest,
     RuntimeFacts,
     StderrSink,
+    WatchRequest,
 )
 from code_sandbox.hardening import ContainerRequest
 
@@ -99,6 +100,9 @@ class ForwardingEngine:
 
     def exec(self, container_id: str, request: ExecRequest) -> ExecResult:
         return self.inner.exec(container_id, request)
+
+    def watch_exec(self, container_id: str, request: WatchRequest) -> int | None:
+        return self.inner.watch_exec(container_id, request)
 
     def open_exec(self, container_id: str, argv: list[str], *, user: str) -> ExecStream:
         return self.inner.open_exec(container_id, argv, user=user)

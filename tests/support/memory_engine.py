@@ -3,7 +3,8 @@ sweeps, the reaper, errors): they run in milliseconds with no Docker engine.
 
 A container is a record (labels, state, creation time); time is the test's clock; every call can be made to fail or
 to wait with :meth:`MemoryEngine.fail` and :meth:`MemoryEngine.hold`, in the spirit of httpx's ``MockTransport``.
-Execs are answered by :attr:`MemoryEngine.on_exec` and :attr:`MemoryEngine.on_open_exec` (by default: the container is
+Execs are answered by :attr:`MemoryEngine.on_exec`, :attr:`MemoryEngine.on_watch_exec` and
+:attr:`MemoryEngine.on_open_exec` (by default: the container is
 not there), since what a helper says is :class:`~tests.support.memory_transport.MemoryTransport`'s to fake.
 Anything that touches a real container is tested against the real engine, never here.
 """
@@ -27,6 +28,7 @@ from code_sandbox.engine import (
     ImageConfig,
     ImageFacts,
     RuntimeFacts,
+    WatchRequest,
 )
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import ContainerRequest
@@ -34,7 +36,7 @@ from code_sandbox.profile import Profile
 
 Call = Literal[
     "ping", "daemon_facts", "image_facts", "create_container", "start", "signal_container", "remove_container",
-    "container_facts", "list_containers", "exec", "open_exec",
+    "container_facts", "list_containers", "exec", "watch_exec", "open_exec",
 ]  # fmt: skip
 DAEMON = DaemonFacts(architecture="x86_64", os_type="linux", apparmor=False, seccomp=True, runtimes={"runc": "runc"})
 
@@ -79,6 +81,7 @@ class MemoryEngine:
         self.calls: list[Call] = []
         self.on_exec: Callable[[MemoryContainer, list[str], bytes], ExecResult] = _no_exec
         self.on_open_exec: Callable[[MemoryContainer, list[str]], ExecStream] = _no_open_exec
+        self.on_watch_exec: Callable[[MemoryContainer, WatchRequest], int | None] = _no_watch_exec
         self._failures: dict[Call, list[BaseException]] = {}
         self._holds: dict[Call, threading.Event] = {}
         self.entered: dict[Call, threading.Event] = {}
@@ -224,6 +227,10 @@ class MemoryEngine:
         self._enter("exec")
         return self.on_exec(self._container(container_id), list(request.argv), b"".join(request.stdin or ()))
 
+    def watch_exec(self, container_id: str, request: WatchRequest) -> int | None:
+        self._enter("watch_exec")
+        return self.on_watch_exec(self._container(container_id), request)
+
     def open_exec(self, container_id: str, argv: list[str], *, user: str) -> ExecStream:
         self._enter("open_exec")
         return self.on_open_exec(self._container(container_id), argv)
@@ -233,6 +240,10 @@ class MemoryEngine:
 
 
 def _no_exec(_container: MemoryContainer, _argv: list[str], _stdin: bytes) -> ExecResult:
+    raise gone()
+
+
+def _no_watch_exec(_container: MemoryContainer, _request: WatchRequest) -> int | None:
     raise gone()
 
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from code_sandbox.channel.protocol import ProbeAnswer, ProtocolViolation, parse_message
+from code_sandbox.channel.transport import runtime_argv
 from code_sandbox.docker_engine import HTTP_IGNORES_TLS, DockerEngine, EngineAddress
-from code_sandbox.engine import Engine, ExecRequest
+from code_sandbox.engine import TRUST_MODELS, Engine, ExecRequest
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.image import verify_image
@@ -176,12 +177,15 @@ def _check_runtime(findings: list[Finding], engine: Engine, *, local: bool, runs
             )
         )
         return False
+    trust = f"; trust model: {TRUST_MODELS[runtime.trust_model]}"
     if runtime.user_space_kernel:
         findings.append(
-            Finding("runtime", True, f"{runtime.name}: gVisor, a user-space kernel between sandboxes and the host's")
+            Finding(
+                "runtime", True, f"{runtime.name}: gVisor, a user-space kernel between sandboxes and the host's{trust}"
+            )
         )
         return True
-    detail = f"{runtime.name}: sandboxes share the host's kernel"
+    detail = f"{runtime.name}: sandboxes share the host's kernel{trust}"
     installed = runsc if runsc is not None else shutil.which("runsc")
     registered = any(PurePosixPath(path).name == "runsc" for path in engine.daemon_facts().runtimes.values())
     if installed and not registered and local and not engine.daemon_facts().podman:
@@ -202,7 +206,7 @@ def _check_hardening(findings: list[Finding], engine: Engine, profile: Profile) 
     hardening = Hardening()
     labels = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: "0"}  # a probe: any sweep may remove it
     request = ContainerRequest(
-        image.id, [*profile.helper_argv("watchdog"), "60"], labels, daemon.apparmor,
+        image.id, runtime_argv(engine, profile, [*profile.helper_argv("watchdog"), "60"]), labels, daemon.apparmor,
         image_environment=image.config.env_names,
     )  # fmt: skip
     try:
@@ -221,7 +225,13 @@ def _check_hardening(findings: list[Finding], engine: Engine, profile: Profile) 
     try:
         result = engine.exec(
             container_id,
-            ExecRequest(profile.probe_argv(), user=user_of(PROBE_UID), timeout=30, max_stdout=65536, repeatable=True),
+            ExecRequest(
+                runtime_argv(engine, profile, profile.probe_argv()),
+                user=user_of(PROBE_UID),
+                timeout=30,
+                max_stdout=65536,
+                repeatable=True,
+            ),
         )
         seen = parse_message(result.stdout.strip(), ProbeAnswer)
     except (SandboxError, ProtocolViolation):

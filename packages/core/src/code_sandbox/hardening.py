@@ -6,7 +6,7 @@ real container and compares ``docker inspect`` with literal expected values, so 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from code_sandbox import limits
@@ -49,8 +49,25 @@ ENVIRONMENT: Mapping[str, str] = {
 """The fixed environment of the container and of every exec; nothing comes from the host."""
 UNSEALED_ENVIRONMENT: Mapping[str, str] = {"CODE_SANDBOX_SEAL": "optional"}
 """Added to the container's environment under gVisor, whose kernel does not keep same-uid processes out of a
-non-dumpable one: it tells the helpers to run although the seal (:mod:`code_sandbox.image.seal`) cannot hold.
-Helpers never pass it to user code."""
+non-dumpable one: it tells the helpers to run although the seal (:mod:`code_sandbox.image.seal`) cannot hold (the
+engine-only trust model believes nothing of the sandbox uid anyway). Helpers never pass it to user code."""
+
+READABLE_RUNTIME_DIR = "/usr/local/lib/code-sandbox/readable"
+"""Where every image also holds its runtime binary readable (mode 0755), with the same bytes: gVisor executes only a
+binary it can read (google/gvisor#160), so under gVisor every process runs that copy. Under runc nothing runs it
+(the helpers depend on the unreadable one); user code that runs it gains nothing, as it is only itself."""
+
+
+def readable_runtime(runtime_path: str) -> str:
+    """The readable copy of the image's runtime binary at ``runtime_path``."""
+    return f"{READABLE_RUNTIME_DIR}/{runtime_path.rsplit('/', 1)[-1]}"
+
+
+def with_readable_runtime(argv: Sequence[str], runtime_path: str) -> list[str]:
+    """``argv`` with the runtime binary replaced by its readable copy (under gVisor)."""
+    if not argv or argv[0] != runtime_path:
+        return list(argv)
+    return [readable_runtime(runtime_path), *argv[1:]]
 
 
 PTY_DIR = "/dev/pts"
@@ -85,6 +102,11 @@ class Hardening:
     workspace_bytes: int = limits.WORKSPACE_BYTES
     scratch_bytes: int = 64 * MiB
     inodes: int = 8192
+    sentry_tasks: int = 1024
+    """Under gVisor, the host's PID limit of the container. gVisor's kernel (the sentry) runs as host threads in the
+    container's cgroup, a few for each task it runs, and dies if it cannot make one: the limit is set well above what
+    :attr:`pids_limit` tasks need, and :attr:`pids_limit` binds the sandbox's tasks inside gVisor instead, as
+    ``RLIMIT_NPROC`` of the sandbox uid (the supervisor's few tasks are its own)."""
 
     def tmpfs(self, uid: int) -> dict[str, str]:
         """The two writable tmpfs mounts, owned by the sandbox uid (:data:`SEALED_TMPFS` mounts come on top)."""

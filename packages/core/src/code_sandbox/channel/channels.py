@@ -66,10 +66,10 @@ class ChannelTransport(Transport):
     whose cleanup the survey then proves) is opened again, by the next call.
     """
 
-    def __init__(self, engine: Engine, profile: Profile) -> None:
+    def __init__(self, engine: Engine, profile: Profile, *, readable_runtime: bool = False) -> None:
         self.engine = engine
         self.profile = profile
-        self.execs = HelperExecs(engine, profile)
+        self.execs = HelperExecs(engine, profile, readable_runtime=readable_runtime)
         """The exec form, for the kill-all and the watchdog check."""
         self._channels: dict[Target, tuple[ExecStream, int]] = {}
         self._contexts: dict[Target, str] = {}
@@ -119,7 +119,7 @@ class ChannelTransport(Transport):
                 held = self._supervisors.get(container)
             if held is not None and not held.closed:
                 return held
-            argv = [*self.profile.helper_argv("runner"), "--supervise"]
+            argv = [*self.execs.helper_argv("runner"), "--supervise"]
             opened = self.engine.open_exec(container, argv, user=SUPERVISOR_USER)
             return self._keep(container, opened, lambda: self._supervisors.__setitem__(container, opened))
 
@@ -199,6 +199,9 @@ class ChannelTransport(Transport):
             self._drop(target)  # the channel ends after refusing a one-shot; a later call opens a new one
         return answer
 
+    def supports_evaluation(self) -> bool:
+        return True
+
     def evaluate(
         self, target: Target, request: EvaluateRequest, *, timeout: float, on_stderr: StderrSink | None = None
     ) -> EvaluateAnswer | Refusal:
@@ -246,7 +249,7 @@ class ChannelTransport(Transport):
                 self._opened.add(target)
             if known is not None and not known[0].closed:
                 return known[0]
-            argv = [*self.profile.helper_argv("runner"), "--channel"]
+            argv = [*self.execs.helper_argv("runner"), "--channel"]
             opened = self.engine.open_exec(target.container, argv, user=target.user)
             try:
                 deadline = time.monotonic() + OPEN_SECONDS

@@ -45,6 +45,7 @@ from code_sandbox.channel.protocol import (
 )
 from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.hardening import with_readable_runtime
 from code_sandbox.profile import HelperKind, Profile
 
 MiB = 1024 * 1024
@@ -119,6 +120,10 @@ class Transport(abc.ABC):
             return ran
         return ExecuteAnswer(ok=True, written=written, run=ran)
 
+    def supports_evaluation(self) -> bool:
+        """Whether :meth:`evaluate` keeps a context between calls (may ask the engine which runtime it uses)."""
+        return False
+
     def evaluate(
         self, target: Target, request: EvaluateRequest, *, timeout: float, on_stderr: StderrSink | None = None
     ) -> EvaluateAnswer | Refusal:
@@ -177,6 +182,16 @@ def untrusted(on_failure: Callable[[], None] = lambda: None) -> Generator[None]:
         raise HelperCrash(cause=type(error).__name__) from None
 
 
+def runtime_argv(engine: Engine, profile: Profile, argv: Sequence[str]) -> list[str]:
+    """``argv`` as it runs under the engine's runtime: under gVisor, with the runtime's readable copy. An engine that
+    cannot say gets ``argv`` unchanged (the container's create call then fails in its own words)."""
+    try:
+        gvisor = engine.runtime_in_force().user_space_kernel
+    except SandboxError:
+        return list(argv)
+    return with_readable_runtime(argv, profile.image_spec().runtime_path) if gvisor else list(argv)
+
+
 def request_frame(request: Message) -> bytes:
     """A request as one stdin frame: a 4-byte big-endian length, then UTF-8 JSON.
 
@@ -192,9 +207,21 @@ class HelperExecs:
     the request frame on its stdin, exactly one answer line on stdout and exit 0. The channel transport uses it for
     what must not go over a channel (the kill-all, which ends the channel too, and the watchdog check)."""
 
-    def __init__(self, engine: Engine, profile: Profile) -> None:
+    def __init__(self, engine: Engine, profile: Profile, *, readable_runtime: bool = False) -> None:
         self.engine = engine
         self.profile = profile
+        self.readable_runtime = readable_runtime
+        """Run the runtime's readable copy (gVisor cannot execute the unreadable one)."""
+
+    def helper_argv(self, helper: HelperKind) -> list[str]:
+        """The argv prefix of ``helper``, as it runs under the runtime in force."""
+        return self.argv(self.profile.helper_argv(helper))
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        """Any argv as it runs under the runtime in force."""
+        if self.readable_runtime:
+            return with_readable_runtime(argv, self.profile.image_spec().runtime_path)
+        return list(argv)
 
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
         return self.call(target, "runner", ["--kill-all"], KillAllAnswer, timeout=timeout)
@@ -218,7 +245,7 @@ class HelperExecs:
     ) -> M | Refusal:
         """Run one helper exec and parse its one answer line strictly: the only place exec outcomes and parse
         failures become :class:`HelperCrash`."""
-        argv = [*self.profile.helper_argv(helper), *arguments]
+        argv = [*self.helper_argv(helper), *arguments]
         stdin = payload
         if request is not None:
             argv.append("-")

@@ -26,6 +26,13 @@ def ulimits(hardening: Hardening) -> list[Ulimit]:
     return [Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=hardening.nofile, hard=hardening.nofile)]
 
 
+def gvisor_limits(hardening: Hardening) -> dict[str, object]:
+    """Under gVisor, the PID limit is the sentry's (:attr:`Hardening.sentry_tasks`) and the sandbox's tasks are bounded
+    inside gVisor's kernel, which enforces ``RLIMIT_NPROC`` per uid on every fork and thread."""
+    nproc = Ulimit(name="nproc", soft=hardening.pids_limit, hard=hardening.pids_limit)
+    return {"pids_limit": hardening.sentry_tasks, "ulimits": [*ulimits(hardening), nproc]}
+
+
 def build_create_arguments(
     request: ContainerRequest, *, start: bool, runtime: RuntimeFacts, architecture: str
 ) -> tuple[dict[str, object], dict[str, object]]:
@@ -51,6 +58,7 @@ def build_create_arguments(
         "privileged": False,
         "cgroupns": "private",
         "ipc_mode": "none",  # no /dev/shm: it would be writable memory outside the workspace quota
+        **(gvisor_limits(hardening) if runtime.user_space_kernel else {}),
     }
     # Nothing the image says changes how the container starts: the entrypoint is ours (the image's and its command
     # are then both ignored), every variable the image sets is set here (empty unless ours), and its health check

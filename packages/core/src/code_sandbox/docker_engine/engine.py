@@ -45,6 +45,7 @@ from code_sandbox.engine import (
     FileEntry,
     ImageFacts,
     RuntimeFacts,
+    WatchRequest,
 )
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_RUNTIME, ContainerRequest
@@ -370,6 +371,10 @@ class DockerEngine:
     def exec(self, container_id: str, request: ExecRequest) -> ExecResult:
         """See :meth:`code_sandbox.engine.Engine.exec` and :meth:`Execs.run`."""
         return self._execs.run(container_id, request)
+
+    def watch_exec(self, container_id: str, request: WatchRequest) -> int | None:
+        """See :meth:`code_sandbox.engine.Engine.watch_exec` and :meth:`Execs.watch`."""
+        return self._execs.watch(container_id, request)
 
     def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
         """See :meth:`code_sandbox.engine.Engine.open_exec` and :meth:`Execs.open`."""

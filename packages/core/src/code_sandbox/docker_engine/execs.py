@@ -4,6 +4,7 @@ of the engine (never of the process)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -11,14 +12,23 @@ from code_sandbox.docker_engine import podman
 from code_sandbox.docker_engine.answers import Created, ExecState
 from code_sandbox.docker_engine.failures import APIError, NotFound, container_gone, translate
 from code_sandbox.docker_engine.sdk import Client, attach_socket
-from code_sandbox.docker_engine.streams import HeldExec, close_stdin, close_stream, read_frames, send_all
-from code_sandbox.engine import ExecRequest, ExecResult
+from code_sandbox.docker_engine.streams import (
+    HeldExec,
+    close_stdin,
+    close_stream,
+    read_frames,
+    relay_frames,
+    send_all,
+)
+from code_sandbox.engine import ExecRequest, ExecResult, WatchRequest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import ENVIRONMENT, WORKSPACE_DIR
 
 logger = logging.getLogger(__name__)
 
 _UNAVAILABLE = (ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is not available")
+EXIT_POLL_SECONDS = 0.1
+"""How often a watched exec's state is asked of the engine while its streams are open."""
 
 
 class Execs:
@@ -51,6 +61,34 @@ class Execs:
                 return ExecResult(exit_code=code if exit_code else None, stdout=stdout, stderr=stderr)
             retries -= 1
             logger.debug("the engine lost an exec's output; running it again")
+
+    def watch(self, container_id: str, request: WatchRequest) -> int | None:
+        """See :meth:`code_sandbox.engine.Engine.watch_exec`: the streams are read in this thread while another asks
+        the engine, every :data:`EXIT_POLL_SECONDS`, whether the process has ended."""
+        exec_id, attached = self._start_exec(container_id, list(request.argv), user=request.user, stdin=False)
+        raw = attach_socket(attached)
+        done = threading.Event()
+        watcher = threading.Thread(
+            target=self._watch_exit, args=(exec_id, request, done), name="code-sandbox exec watch", daemon=True
+        )
+        watcher.start()
+        try:
+            relay_frames(raw, request.deadline, request.on_output)
+        finally:
+            done.set()
+            close_stream(attached, raw)
+        return self._exec_exit_code(exec_id, max(request.deadline, time.monotonic() + 5))
+
+    def _watch_exit(self, exec_id: str, request: WatchRequest, done: threading.Event) -> None:
+        while not done.wait(EXIT_POLL_SECONDS):
+            try:
+                state = ExecState.model_validate(self._client().exec_inspect(exec_id))
+            except Exception:
+                return
+            if not state.Running:
+                if not done.is_set():
+                    request.on_exit()
+                return
 
     def open(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
         """Start ``argv`` in the container with its stdin held open: requests go in, answers come back one line at

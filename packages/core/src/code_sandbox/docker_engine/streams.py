@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable
 
 from code_sandbox.docker_engine.sdk import RawStream, stream_parts
-from code_sandbox.engine import LineRequest, StderrSink
+from code_sandbox.engine import LineRequest, OutputSink, StderrSink
 from code_sandbox.errors import ErrorCode, SandboxError
 
 STDOUT, STDERR = 1, 2
@@ -98,6 +98,23 @@ def read_frames(
         if stream == STDERR and on_stderr is not None:
             on_stderr(payload)
     return bytes(out), bytes(err)
+
+
+PIECE = 64 * 1024
+
+
+def relay_frames(raw: RawStream, deadline: float, on_output: OutputSink) -> None:
+    """Both streams to their end, each frame handed on in pieces of at most :data:`PIECE` bytes and nothing kept: a
+    watched program's output is bounded by whoever reads it, not here."""
+    broke = "the connection to the sandbox broke off"
+    while (frame := _header(raw, deadline)) is not None:
+        stream, length = frame
+        if stream not in (STDOUT, STDERR):
+            raise _out_of_protocol()
+        while length:
+            piece = _payload(raw, min(length, PIECE), deadline, broke)
+            length -= len(piece)
+            on_output(stream, piece)
 
 
 def close_stream(attached: object, raw: RawStream) -> None:

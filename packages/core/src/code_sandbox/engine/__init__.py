@@ -2,9 +2,19 @@
 takes and returns. The Docker and Podman adapter behind it is :mod:`code_sandbox.docker_engine`; tests use an
 in-memory one."""
 
-from code_sandbox.engine.interface import DEFAULT_MAX_STDERR, Engine, ExecRequest, ExecStream, LineRequest, StderrSink
+from code_sandbox.engine.interface import (
+    DEFAULT_MAX_STDERR,
+    Engine,
+    ExecRequest,
+    ExecStream,
+    LineRequest,
+    OutputSink,
+    StderrSink,
+    WatchRequest,
+)
 from code_sandbox.engine.models import (
     PODMAN,
+    TRUST_MODELS,
     ContainerFacts,
     DaemonFacts,
     ExecResult,
@@ -12,12 +22,14 @@ from code_sandbox.engine.models import (
     ImageConfig,
     ImageFacts,
     RuntimeFacts,
+    TrustModel,
     normalise_arch,
 )
 
 __all__ = [
     "DEFAULT_MAX_STDERR",
     "PODMAN",
+    "TRUST_MODELS",
     "ContainerFacts",
     "DaemonFacts",
     "Engine",
@@ -28,7 +40,10 @@ __all__ = [
     "ImageConfig",
     "ImageFacts",
     "LineRequest",
+    "OutputSink",
     "RuntimeFacts",
     "StderrSink",
+    "TrustModel",
+    "WatchRequest",
     "normalise_arch",
 ]

@@ -46,6 +46,27 @@ class LineRequest:
     until: Callable[[], bool] | None = None
 
 
+OutputSink = Callable[[int, bytes], None]
+"""Gets a watched program's output as it comes: the stream (1 stdout, 2 stderr) and a piece of at most 64 KiB."""
+
+
+@dataclass(frozen=True)
+class WatchRequest:
+    """A program run and watched by the engine alone, with nothing of ours beside it in the container: no stdin, no
+    TTY, the fixed environment, ``/workspace`` as its directory.
+
+    ``on_output`` gets every piece of both streams as it comes; nothing is kept. ``on_exit`` is called once, from
+    another thread, as soon as the engine reports the process ended while its streams are still open (something it
+    started holds them), so that the caller can end what is left. Reading stops at ``deadline`` (monotonic).
+    """
+
+    argv: Sequence[str]
+    user: str
+    deadline: float
+    on_output: OutputSink
+    on_exit: Callable[[], None]
+
+
 class ExecStream(Protocol):
     """A process in a container with its stdin held open: requests go in, answers come back one line at a time.
     Used by one thread at a time, except that :meth:`close` may come from another thread and ends a read."""
@@ -151,6 +172,15 @@ class Engine(Protocol):
         """Run a command in the container.
 
         :raises SandboxError: ``TIMEOUT``, ``TRANSFER_FAILED`` (the stream broke), ``CONTAINER_UNAVAILABLE``.
+        """
+        ...
+
+    def watch_exec(self, container_id: str, request: WatchRequest) -> int | None:
+        """Run a program and hand over its output until both streams end; return its exit code as the engine
+        reports it (``None`` when the engine no longer knows the exec). A process killed by a signal ``n`` shows as
+        ``128 + n``, like a process that exited with that code.
+
+        :raises SandboxError: ``TIMEOUT`` past the deadline, ``TRANSFER_FAILED``, ``CONTAINER_UNAVAILABLE``.
         """
         ...
 

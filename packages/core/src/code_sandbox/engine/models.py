@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Literal
 
 PODMAN = "Podman Engine"
 """:attr:`DaemonFacts.product` of Podman's Docker-compatible API."""
@@ -36,6 +37,15 @@ class DaemonFacts:
         return self.product == PODMAN
 
 
+TrustModel = Literal["sealed helpers", "engine-only"]
+TRUST_MODELS: Mapping[TrustModel, str] = {
+    "sealed helpers": "sealed helpers: the host's kernel keeps user code out of the helpers that report on its runs",
+    "engine-only": "engine-only: the engine reports each run, a supervisor out of user code's reach proves its end, "
+    "and nothing of the sandbox's uid is believed",
+}
+"""Each trust model in a line, as ``verify-image`` and ``doctor`` name it."""
+
+
 @dataclass(frozen=True)
 class RuntimeFacts:
     """The container runtime that every container of an engine runs under."""
@@ -48,6 +58,13 @@ class RuntimeFacts:
     def user_space_kernel(self) -> bool:
         """Whether it is gVisor (``runsc``): a kernel in user space between sandboxed code and the host's kernel."""
         return PurePosixPath(self.path).name == "runsc"
+
+    @property
+    def trust_model(self) -> TrustModel:
+        """How the host knows what happened in a sandbox under this runtime (SECURITY.md): ``sealed helpers`` (the
+        host kernel keeps user code out of helpers of its own uid, which report on a run) or ``engine-only`` (under
+        gVisor, whose kernel does not: the engine reports every run, and the supervisor uid proves its end)."""
+        return "engine-only" if self.user_space_kernel else "sealed helpers"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The offline image build: a ``FROM scratch`` context written in memory, with the profile's runtime binary (root-owned
-and unreadable, mode 0711), the seal (:mod:`code_sandbox.image.seal`), the profile's files (helpers, any library tree;
-root-owned, 0555), the shared libraries these need, an operator's package set if one is given (root-owned, read-only),
-``/etc/passwd`` and ``/etc/group`` with the supervisor user, and empty mount points; the runtime's digest and a
-manifest of every entry go into labels (:mod:`.layout`)."""
+and unreadable, mode 0711, and a readable copy that gVisor runs), the seal (:mod:`code_sandbox.image.seal`), the
+profile's files (helpers, any library tree; root-owned, 0555), the shared libraries these need, an operator's package
+set if one is given (root-owned, read-only), ``/etc/passwd`` and ``/etc/group`` with the supervisor user, and empty
+mount points; the runtime's digest and a manifest of every entry go into labels (:mod:`.layout`)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,14 @@ from pathlib import Path, PurePosixPath
 from code_sandbox.channel.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
 from code_sandbox.engine import Engine, normalise_arch
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import (
-    SCRATCH_DIR,
-    WORKSPACE_DIR,
-)
+from code_sandbox.hardening import SCRATCH_DIR, WORKSPACE_DIR, readable_runtime
 from code_sandbox.image.elf import is_elf, resolve_runtime_files
 from code_sandbox.image.layout import (
     DOCKERFILE,
     FILES_LABEL,
     GROUP,
     PASSWD,
+    READABLE_RUNTIME_MODE,
     RUNTIME_DIGEST_LABEL,
     RUNTIME_MODE,
     manifest_line,
@@ -163,6 +161,7 @@ def _image_entries(
     files: dict[str, tuple[bytes, int]] = {path: (data, 0o555) for path, data in contents.items()}
     files.update((path, (data, FILE_MODE)) for path, data in tree.items())
     files[runtime_path] = (runtime, RUNTIME_MODE)
+    files[readable_runtime(runtime_path)] = (runtime, READABLE_RUNTIME_MODE)
     files["/etc/passwd"] = (PASSWD.encode(), 0o444)
     files["/etc/group"] = (GROUP.encode(), 0o444)
     entries: dict[str, _Entry] = {WORKSPACE_DIR: ("directory", 0o700, b""), SCRATCH_DIR: ("directory", 0o700, b"")}

@@ -28,7 +28,11 @@ RUNTIME_MODE = 0o711
 """Root-owned and unreadable: the kernel then makes every process that execs the runtime non-dumpable from its first
 instruction, so code in a sandbox cannot open another process's ``/proc/<pid>/fd`` or ``mem``, nor ptrace it, even
 under its own uid. The seal (:mod:`code_sandbox.image.seal`) is a second layer. gVisor cannot execute such a binary (it
-needs read permission to load it), so these images do not run under runsc yet (SECURITY.md, "Under gVisor")."""
+needs read permission to load it): under gVisor every process runs the readable copy instead
+(:data:`~code_sandbox.hardening.READABLE_RUNTIME_DIR`), and the host believes nothing of the sandbox uid (SECURITY.md,
+"Under gVisor")."""
+READABLE_RUNTIME_MODE = 0o755
+"""The readable copy's mode: the same bytes, which the build's digest label covers too."""
 IMAGE_PATH = ENVIRONMENT["PATH"]
 IMAGE_CONFIG = ImageConfig(env=(f"PATH={IMAGE_PATH}",), working_dir=WORKSPACE_DIR)
 """The image's whole configuration as the build writes it (and its user, :data:`SUPERVISOR_USER`): no entrypoint,

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from code_sandbox.channel.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
-from code_sandbox.engine import Engine, ExecRequest, FileEntry, ImageFacts
+from code_sandbox.channel.transport import runtime_argv
+from code_sandbox.engine import TRUST_MODELS, Engine, ExecRequest, FileEntry, ImageFacts
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
@@ -22,6 +23,7 @@ from code_sandbox.hardening import (
     PROBE_UID,
     SUPERVISOR_USER,
     ContainerRequest,
+    readable_runtime,
     user_of,
 )
 from code_sandbox.image.layout import (
@@ -32,6 +34,7 @@ from code_sandbox.image.layout import (
     GROUP,
     IMAGE_CONFIG,
     PASSWD,
+    READABLE_RUNTIME_MODE,
     RUNTIME_DIGEST_LABEL,
     RUNTIME_MODE,
     manifest_line,
@@ -49,7 +52,7 @@ from code_sandbox.image.seal import SEAL_PATH, seal_library
 from code_sandbox.liveness import is_private_directory
 from code_sandbox.profile import ImageSpec, Profile
 
-VERIFIER_VERSION = 4
+VERIFIER_VERSION = 5
 """Bump when :func:`verify_image` checks something new: passes recorded by an earlier version then no longer count."""
 
 
@@ -199,6 +202,8 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
     forbidden: set[str] = set()
     helpers: dict[str, tuple[str | None, int, int]] = {}
     runtime_found = False
+    readable_path = readable_runtime(runtime_path)
+    readable: tuple[str, int, int, str | None] | None = None
     seal = seal_library(image.architecture)
     seal_found = False
     runtime_digest: str | None = None
@@ -228,6 +233,8 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
             if entry.path == runtime_path:
                 runtime_found = entry.kind == "file" and entry.mode == RUNTIME_MODE and entry.uid == 0
                 runtime_digest = entry.sha256
+            if entry.path == readable_path:
+                readable = (entry.kind, entry.mode, entry.uid, entry.sha256)
             if entry.path == SEAL_PATH:
                 seal_found = seal is not None and entry.sha256 == hashlib.sha256(seal).hexdigest()
                 seal_found = seal_found and entry.kind == "file" and entry.mode == 0o555 and entry.uid == 0
@@ -246,6 +253,13 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
         runtime_digest == digest_label is not None,
         f"{runtime_path} is the binary the build recorded" if runtime_digest == digest_label is not None
         else f"{runtime_path} is not the binary the build recorded in {RUNTIME_DIGEST_LABEL}",
+    )  # fmt: skip
+    readable_ok = readable == ("file", READABLE_RUNTIME_MODE, 0, digest_label) and digest_label is not None
+    report.add(
+        "readable runtime",
+        readable_ok,
+        f"{readable_path} is the same binary, root-owned, mode {READABLE_RUNTIME_MODE:o}" if readable_ok
+        else f"{readable_path} is missing, or not the recorded binary, root-owned, mode {READABLE_RUNTIME_MODE:o}",
     )  # fmt: skip
     report.add("seal", seal_found, f"{SEAL_PATH} " + ("matches" if seal_found else "is missing or differs"))
     _report_files(image, seen, engine_made, report)
@@ -352,7 +366,13 @@ def _probe_labels(engine: Engine) -> dict[str, str]:
 
 def _verify_run(engine: Engine, profile: Profile, image: ImageFacts, *, apparmor: bool, report: VerifyReport) -> None:
     spec = profile.image_spec()
-    watchdog = [*profile.helper_argv("watchdog"), "60"]
+    try:
+        runtime = engine.runtime_in_force()
+    except SandboxError as exc:
+        report.add("hardened run", False, f"not run: {exc.message}")
+        return
+    report.add("trust model", True, TRUST_MODELS[runtime.trust_model])
+    watchdog = runtime_argv(engine, profile, [*profile.helper_argv("watchdog"), "60"])
     request = ContainerRequest(
         image_id=image.id, command=watchdog, labels=_probe_labels(engine), apparmor=apparmor,
         image_environment=image.config.env_names,
@@ -368,7 +388,11 @@ def _verify_run(engine: Engine, profile: Profile, image: ImageFacts, *, apparmor
         result = engine.exec(
             container_id,
             ExecRequest(
-                list(spec.runtime_version_argv), user=user_of(PROBE_UID), timeout=30, max_stdout=4096, repeatable=True
+                runtime_argv(engine, profile, spec.runtime_version_argv),
+                user=user_of(PROBE_UID),
+                timeout=30,
+                max_stdout=4096,
+                repeatable=True,
             ),
         )
     except SandboxError as exc:

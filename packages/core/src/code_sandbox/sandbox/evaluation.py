@@ -17,10 +17,16 @@ from code_sandbox.channel.guard import Channel
 from code_sandbox.channel.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import OUTPUT_CAP_BYTES
+from code_sandbox.sandbox.provisioner import run_sync
 from code_sandbox.sandbox.relay import OutputSink, Progress
 from code_sandbox.sandbox.results import Evaluation, ThrownErrorOutput
 from code_sandbox.sandbox.sessions import SessionManager
 from code_sandbox.sandbox.supervision import HOST_GRACE_SECONDS, cleanup_failed, decode_output, supervise_call
+
+EVALUATION_NOT_SUPPORTED = (
+    "evaluation is not available where sandboxes run under gVisor: a context would be a process of the sandbox that "
+    "lives between calls, which its trust model does not allow; write a file and run it instead"
+)
 
 
 async def evaluate_code(
@@ -38,6 +44,8 @@ async def evaluate_code(
     timeout = settings.default_timeout if timeout_seconds is None else timeout_seconds
     if not 1 <= timeout <= settings.max_timeout:
         raise SandboxError(ErrorCode.INVALID_REQUEST, f"timeout_seconds must be from 1 to {settings.max_timeout}")
+    if not await run_sync(manager.provisioner.transport.supports_evaluation):
+        raise SandboxError(ErrorCode.NOT_SUPPORTED, EVALUATION_NOT_SUPPORTED)
     async with manager.channel(session_id) as channel:
         remaining = int(channel.seconds_left)
         if remaining < 1:

@@ -17,7 +17,7 @@ import anyio
 import anyio.to_thread
 
 from code_sandbox.channel.protocol import ReadyAnswer
-from code_sandbox.channel.transport import Target, Transport
+from code_sandbox.channel.transport import Target, Transport, runtime_argv
 from code_sandbox.engine import DaemonFacts, Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
@@ -113,7 +113,7 @@ class Provisioner:
         daemon = await run_sync(self.engine.daemon_facts)
         require_enforcement(daemon)
         session_seconds = self.settings.max_lifetime + WATCHDOG_GRACE_SECONDS
-        watchdog = [*self.profile.helper_argv("watchdog")]
+        watchdog = await run_sync(runtime_argv, self.engine, self.profile, self.profile.helper_argv("watchdog"))
         # The label is written before the create call, and the container may start as late as the engine's
         # timeout after it: the margin keeps another server's sweep from taking a live session for expired. In the
         # engine's time, which every server sharing the engine reads alike.

@@ -19,8 +19,8 @@ from typing import Literal
 import anyio
 import anyio.lowlevel
 
-from code_sandbox.channel.channels import ChannelTransport
 from code_sandbox.channel.guard import Channel
+from code_sandbox.channel.observed import RuntimeTransport
 from code_sandbox.channel.transport import Target, Transport
 from code_sandbox.engine import Engine
 from code_sandbox.errors import ErrorCode, SandboxError
@@ -96,7 +96,7 @@ class SessionManager:
             profile,
             settings,
             owner=owner or secrets.token_hex(8),
-            transport=transport or ChannelTransport(engine, profile),
+            transport=transport or RuntimeTransport(engine, profile),
             verified=verified,
         )
         """Makes the containers; it holds what they are made with (engine, profile, settings, owner, transport)."""

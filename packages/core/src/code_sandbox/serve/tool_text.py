@@ -43,9 +43,19 @@ def run_tool_description(settings: Settings, profile: Profile, packages: tuple[s
     return profile_text(settings, profile, profile.info.run_tool_description, packages)
 
 
+GVISOR_RUNTIME = "runsc"
+
+
 def evaluate_tool_description(settings: Settings, profile: Profile, packages: tuple[str, ...] = ()) -> str:
-    """The profile's evaluate tool text, filled in like the run tool's."""
-    return profile_text(settings, profile, profile.info.evaluate_tool_description, packages)
+    """The profile's evaluate tool text, filled in like the run tool's; under gVisor, first the word that it is
+    refused (the engine-only trust model allows no process to live between calls)."""
+    text = profile_text(settings, profile, profile.info.evaluate_tool_description, packages)
+    if settings.runtime != GVISOR_RUNTIME:
+        return text
+    return (
+        f"Not available on this server (it runs sandboxes under gVisor): every call fails with NOT_SUPPORTED; use "
+        f"{profile.info.run_tool_name} instead.\n\n{text}"
+    )
 
 
 def profile_text(settings: Settings, profile: Profile, text: str, packages: tuple[str, ...]) -> str:

@@ -1,0 +1,220 @@
+"""The engine-only trust model (gVisor, ``runsc``): a run is the program itself, watched by the engine; nothing of the
+sandbox uid is believed; after every run the supervisor's survey proves that no process of the uid lives.
+
+Each attack here is user code that tries to outlive its run or to make the host report what it did not produce: it
+forks, detaches, stops itself, renames itself, floods the process table, stops the kill, or prints a runner's
+answer. These tests need runsc registered with the engine (CI does it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from code_sandbox.channel.observed import EngineOnlyTransport, RuntimeTransport
+from code_sandbox.channel.transport import Target
+from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.profile import Profile
+from code_sandbox.sandbox.evaluation import evaluate_code
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.workspace import list_files, read_file, write_files
+from code_sandbox.serve.tool_text import evaluate_tool_description
+from code_sandbox.settings import Settings
+
+from tests.conftest import WORKER_TAG
+from tests.security.conftest import assert_nothing_outlives_the_run, gvisor_processes
+from tests.support.runtimes import runtime_engine
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio]
+
+
+@pytest.fixture(scope="module")
+def gvisor() -> Iterator[DockerEngine]:
+    yield from runtime_engine("runsc", WORKER_TAG + "-engine-only")
+
+
+@pytest.fixture
+async def manager(gvisor: DockerEngine, profile: Profile, image_id: str) -> AsyncIterator[SessionManager]:
+    del image_id
+    manager = SessionManager(gvisor, profile, Settings(max_sessions=4, default_timeout=10, max_timeout=60))
+    yield manager
+    await manager.shutdown()
+
+
+@pytest.fixture
+async def session(manager: SessionManager) -> Session:
+    return await manager.create()
+
+
+async def run(manager: SessionManager, session: Session, source: str, *, timeout: int = 10):  # noqa: ASYNC109
+    await write_files(manager, session.id, [("attack.js", source)], overwrite=True)
+    return await run_entrypoint(manager, session.id, "attack.js", [], timeout_seconds=timeout)
+
+
+async def test_the_engine_only_transport_serves_runsc_and_every_file_tool_works(
+    manager: SessionManager, session: Session
+) -> None:
+    transport = manager.provisioner.transport
+    assert isinstance(transport, RuntimeTransport) and isinstance(transport.chosen, EngineOnlyTransport)
+    await write_files(manager, session.id, [("src/a.txt", "é😀\n"), ("b.js", "console.log(1)")], overwrite=False)
+    entries, _truncated = await list_files(manager, session.id, ".", recursive=True, max_depth=10)
+    assert sorted(entry.path for entry in entries) == ["b.js", "src", "src/a.txt"]
+    assert (await read_file(manager, session.id, "src/a.txt", max_bytes=100)).content == "é😀\n"
+    result = await run(manager, session, "console.log('out'); console.error('err'); process.exitCode = 3;")
+    assert (result.exit_code, result.signal, result.stdout, result.stderr) == (3, None, "out\n", "err\n")
+    assert (result.termination_reason, result.cpu_ms, result.peak_memory_bytes) == ("exited", None, None)
+    await assert_nothing_outlives_the_run(manager.provisioner.engine, session)
+
+
+async def test_detached_children_are_counted_killed_and_the_run_returns_at_the_programs_exit(
+    manager: SessionManager, session: Session
+) -> None:
+    source = """
+const { spawn } = require('child_process');
+const idle = ['-e', 'setInterval(() => {}, 1000)'];
+spawn(process.execPath, idle, { detached: true, stdio: 'ignore' }).unref();          // its own session, silent
+spawn(process.execPath, idle, { detached: true, stdio: 'inherit' }).unref();         // holds the run's streams
+spawn(process.execPath, ['-e', 'process.title = "runner --supervise"; setInterval(() => {}, 1000)'],
+      { stdio: 'ignore' }).unref();                                                  // named like our supervisor
+setTimeout(() => console.log('parent done'), 300);
+"""
+    result = await run(manager, session, source, timeout=20)
+    assert (result.exit_code, result.stdout, result.timed_out) == (0, "parent done\n", False)
+    assert result.duration_ms < 10_000  # not held until the deadline by a child that holds the streams
+    assert result.leftover_processes_killed == 3  # counted by the supervisor before the kill
+    await assert_nothing_outlives_the_run(manager.provisioner.engine, session)
+
+
+async def test_a_program_that_stops_itself_is_killed_at_its_deadline(manager: SessionManager, session: Session) -> None:
+    source = """
+const { spawn } = require('child_process');
+spawn(process.execPath, ['-e', 'process.kill(process.pid, "SIGSTOP")'], { stdio: 'ignore' });
+console.log('stopping'); setTimeout(() => process.kill(process.pid, 'SIGSTOP'), 100);
+"""
+    result = await run(manager, session, source, timeout=2)
+    assert (result.timed_out, result.signal, result.exit_code, result.stdout) == (True, "SIGKILL", None, "stopping\n")
+    assert result.termination_reason == "timed_out"
+    await assert_nothing_outlives_the_run(manager.provisioner.engine, session)
+
+
+async def test_a_program_flooding_the_process_table_cannot_outlive_its_run(
+    manager: SessionManager, session: Session
+) -> None:
+    # Every child forks again as it starts and the parent exits at once: the table keeps changing under the kill.
+    source = """
+const { spawn } = require('child_process');
+const again = `const { spawn } = require('child_process');
+  const options = { stdio: 'ignore', detached: true };
+  for (let i = 0; i < 3; i++) try { spawn(process.execPath, ['-e', process.argv[1]], options).unref(); } catch {}
+  setInterval(() => {}, 1000);`;
+for (let i = 0; i < 8; i++) spawn(process.execPath, ['-e', again, again], { stdio: 'ignore', detached: true }).unref();
+setTimeout(() => console.log('gone'), 500);
+"""
+    try:
+        result = await run(manager, session, source, timeout=20)
+    except SandboxError as error:  # the kill could not be proven: destroyed, never a result with survivors
+        assert error.code == ErrorCode.PROCESS_CLEANUP_FAILED
+        assert len(manager) == 0
+        return
+    assert result.stdout == "gone\n"
+    await assert_nothing_outlives_the_run(manager.provisioner.engine, session)
+
+
+async def test_a_program_that_stops_every_kill_gets_its_sandbox_destroyed(
+    manager: SessionManager, session: Session
+) -> None:
+    # A child stops every new process of its uid (the kill-all is one) as soon as it appears, then the program exits:
+    # the kill cannot be made, the survey finds the child, and the sandbox goes.
+    source = """
+const { spawn } = require('child_process');
+const guard = `const fs = require('fs'); const seen = new Set([String(process.pid)]);
+  for (const p of fs.readdirSync('/proc')) seen.add(p);
+  setInterval(() => { for (const p of fs.readdirSync('/proc')) if (/^\\\\d+$/.test(p) && !seen.has(p)) {
+    seen.add(p); try { process.kill(+p, 'SIGSTOP'); } catch {} } }, 1);`;
+spawn(process.execPath, ['-e', guard], { stdio: 'ignore', detached: true }).unref();
+setTimeout(() => console.log('exiting'), 1000);
+"""
+    with pytest.raises(SandboxError) as caught:
+        await run(manager, session, source, timeout=20)
+    assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED
+    assert len(manager) == 0 and manager.provisioner.engine.container_facts(session.container_id) is None
+
+
+async def test_a_kill_that_misses_a_process_is_caught_by_the_survey(manager: SessionManager, session: Session) -> None:
+    """The kill-all is user-reachable: if it misses anything, the supervisor's survey must say so."""
+    transport = manager.provisioner.transport
+    assert isinstance(transport, RuntimeTransport)
+
+    class Missing(EngineOnlyTransport):
+        def end_all(self, target: Target) -> None:
+            del target  # the kill never happens
+
+    transport._chosen = Missing(transport.engine, transport.profile)  # pyright: ignore[reportPrivateUsage]
+    source = "require('child_process').spawn(process.execPath, ['-e', 'setInterval(() => {}, 1000)'], " \
+             "{ stdio: 'ignore', detached: true }).unref();"  # fmt: skip
+    with pytest.raises(SandboxError) as caught:
+        await run(manager, session, source)
+    assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED
+    assert len(manager) == 0 and manager.provisioner.engine.container_facts(session.container_id) is None
+
+
+async def test_what_a_program_prints_is_its_output_never_a_result(manager: SessionManager, session: Session) -> None:
+    forged = {
+        "ok": True, "stdout_b64": "", "stderr_b64": "", "stdout_bytes": 0, "stderr_bytes": 0,
+        "stdout_truncated": False, "stderr_truncated": False, "duration_ms": 1, "cleanup": "ok",
+        "leftover_killed": 0, "cpu_ms": 1, "peak_memory_bytes": 1, "exit_code": 0, "signal": None,
+        "timed_out": False, "oom_killed": False, "oom_detectable": True,
+    }  # fmt: skip
+    line = json.dumps(forged)
+    source = f"""
+console.log({line!r}); console.error('{{"elapsed_ms":1,"stdout_bytes":99,"stderr_bytes":99}}');
+console.error('{{"end":true}}'); process.exit(7);
+"""
+    result = await run(manager, session, source)
+    assert (result.exit_code, result.stdout, result.cpu_ms) == (7, line + "\n", None)
+    assert result.stderr == '{"elapsed_ms":1,"stdout_bytes":99,"stderr_bytes":99}\n{"end":true}\n'
+
+
+async def test_a_signal_the_program_sends_itself_is_reported_as_the_engine_reports_it(
+    manager: SessionManager, session: Session
+) -> None:
+    """The engine reports a signal n as exit code 128 + n, like an exit with that code: the host does not guess."""
+    result = await run(manager, session, "process.kill(process.pid, 'SIGTERM'); setTimeout(() => {}, 5000);")
+    assert (result.exit_code, result.signal, result.termination_reason) == (143, None, "exited")
+
+
+async def test_output_past_the_cap_kills_the_program(manager: SessionManager, session: Session) -> None:
+    source = """
+const piece = Buffer.alloc(65536, 97);
+(function write() { while (process.stdout.write(piece)) {} process.stdout.once('drain', write); })();
+"""
+    result = await run(manager, session, source, timeout=30)
+    assert (result.stdout_truncated, result.signal, result.termination_reason) == (
+        True,
+        "SIGKILL",
+        "OUTPUT_LIMIT_EXCEEDED",
+    )
+    assert len(result.stdout_raw) == 1024 * 1024 and result.duration_ms < 20_000
+    await assert_nothing_outlives_the_run(manager.provisioner.engine, session)
+
+
+async def test_evaluation_is_refused_with_a_stable_code_and_its_description_says_so(
+    manager: SessionManager, session: Session, profile: Profile
+) -> None:
+    with pytest.raises(SandboxError) as caught:
+        await evaluate_code(manager, session.id, "1 + 1", timeout_seconds=5, reset=False)
+    assert caught.value.code == ErrorCode.NOT_SUPPORTED
+    assert len(manager) == 1  # refused before anything touched the sandbox
+    text = evaluate_tool_description(Settings(runtime="runsc"), profile)
+    assert text.startswith("Not available on this server") and "NOT_SUPPORTED" in text
+    assert "NOT_SUPPORTED" not in evaluate_tool_description(Settings(), profile)
+
+
+async def test_no_process_of_the_sandbox_uid_lives_between_calls(manager: SessionManager, session: Session) -> None:
+    """Between calls the sandbox holds init, the watchdog and the supervisor's channel (uid 65533), nothing else."""
+    await run(manager, session, "console.log(1)")
+    states = gvisor_processes(manager.provisioner.engine, session.container_id)
+    assert sum(states.values()) <= 3, states
