@@ -70,14 +70,24 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return min(8, 2 * len(os.sched_getaffinity(0)))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Slow tests first, so that no worker starts one near the end; serial tests last, when holding the other
-    workers off costs little."""
+    workers off costs little. A ``runc_only`` test is not collected for gVisor's runtime: what it attacks does not
+    exist there (its reason says what)."""
+    absent = [item for item in items if item.get_closest_marker("runc_only") and _runtime(item) == "runsc"]
+    if absent:
+        config.hook.pytest_deselected(items=absent)
+        items[:] = [item for item in items if item not in absent]
 
     def order(item: pytest.Item) -> int:
         return 2 if item.get_closest_marker("serial") else 0 if item.get_closest_marker("slow") else 1
 
     items.sort(key=order)
+
+
+def _runtime(item: pytest.Item) -> object:
+    callspec = getattr(item, "callspec", None)
+    return None if callspec is None else callspec.params.get("engine")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 
+import anyio
+import anyio.to_thread
 import pytest
 from code_sandbox.channel.observed import EngineOnlyTransport, RuntimeTransport
 from code_sandbox.channel.transport import Target
@@ -19,6 +21,7 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox.evaluation import evaluate_code
 from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.results import RunResult
 from code_sandbox.sandbox.sessions import Session, SessionManager
 from code_sandbox.sandbox.workspace import list_files, read_file, write_files
 from code_sandbox.serve.tool_text import evaluate_tool_description
@@ -26,6 +29,7 @@ from code_sandbox.settings import Settings
 
 from tests.conftest import WORKER_TAG
 from tests.security.conftest import assert_nothing_outlives_the_run, gvisor_processes
+from tests.support.inspect import memory_usage
 from tests.support.runtimes import runtime_engine
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
@@ -65,7 +69,7 @@ async def test_the_engine_only_transport_serves_runsc_and_every_file_tool_works(
     assert (await read_file(manager, session.id, "src/a.txt", max_bytes=100)).content == "é😀\n"
     result = await run(manager, session, "console.log('out'); console.error('err'); process.exitCode = 3;")
     assert (result.exit_code, result.signal, result.stdout, result.stderr) == (3, None, "out\n", "err\n")
-    assert (result.termination_reason, result.cpu_ms, result.peak_memory_bytes) == ("exited", None, None)
+    assert result.termination_reason == "exited" and result.cpu_ms is not None
     await assert_nothing_outlives_the_run(manager.provisioner.engine, session)
 
 
@@ -115,8 +119,10 @@ setTimeout(() => console.log('gone'), 500);
 """
     try:
         result = await run(manager, session, source, timeout=20)
-    except SandboxError as error:  # the kill could not be proven: destroyed, never a result with survivors
-        assert error.code == ErrorCode.PROCESS_CLEANUP_FAILED
+    except SandboxError as error:
+        # Destroyed, never a result with survivors: the kill could not be proven, or the flood's runtimes passed the
+        # memory limit and the host's OOM killer ended gVisor's kernel (the container is then gone).
+        assert error.code in (ErrorCode.PROCESS_CLEANUP_FAILED, ErrorCode.CONTAINER_UNAVAILABLE)
         assert len(manager) == 0
         return
     assert result.stdout == "gone\n"
@@ -139,7 +145,9 @@ setTimeout(() => console.log('exiting'), 1000);
 """
     with pytest.raises(SandboxError) as caught:
         await run(manager, session, source, timeout=20)
-    assert caught.value.code == ErrorCode.PROCESS_CLEANUP_FAILED
+    # Destroyed, never a result; on a loaded machine gVisor's kernel itself has been seen to give up under this
+    # attack first (the container is then gone before the destroy).
+    assert caught.value.code in (ErrorCode.PROCESS_CLEANUP_FAILED, ErrorCode.CONTAINER_UNAVAILABLE)
     assert len(manager) == 0 and manager.provisioner.engine.container_facts(session.container_id) is None
 
 
@@ -152,7 +160,9 @@ async def test_a_kill_that_misses_a_process_is_caught_by_the_survey(manager: Ses
         def end_all(self, target: Target) -> None:
             del target  # the kill never happens
 
+    replaced = transport.chosen
     transport._chosen = Missing(transport.engine, transport.profile)  # pyright: ignore[reportPrivateUsage]
+    replaced.close_all()  # its supervisor's held exec
     source = "require('child_process').spawn(process.execPath, ['-e', 'setInterval(() => {}, 1000)'], " \
              "{ stdio: 'ignore', detached: true }).unref();"  # fmt: skip
     with pytest.raises(SandboxError) as caught:
@@ -174,7 +184,8 @@ console.log({line!r}); console.error('{{"elapsed_ms":1,"stdout_bytes":99,"stderr
 console.error('{{"end":true}}'); process.exit(7);
 """
     result = await run(manager, session, source)
-    assert (result.exit_code, result.stdout, result.cpu_ms) == (7, line + "\n", None)
+    assert (result.exit_code, result.stdout) == (7, line + "\n")
+    assert (result.cpu_ms, result.peak_memory_bytes, result.duration_ms) != (1, 1, 1)  # the engine's and the host's
     assert result.stderr == '{"elapsed_ms":1,"stdout_bytes":99,"stderr_bytes":99}\n{"end":true}\n'
 
 
@@ -218,3 +229,100 @@ async def test_no_process_of_the_sandbox_uid_lives_between_calls(manager: Sessio
     await run(manager, session, "console.log(1)")
     states = gvisor_processes(manager.provisioner.engine, session.container_id)
     assert sum(states.values()) <= 3, states
+
+
+async def test_socket_buffers_live_in_gvisors_kernel_charged_to_the_sandboxs_memory(
+    manager: SessionManager, session: Session
+) -> None:
+    """Our seccomp profile is not applied under gVisor, so a program can make TCP and UDP sockets on its loopback: they
+    are gVisor's, and what they hold unread is memory of gVisor's kernel, which the sandbox's memory cgroup counts
+    (on cgroup v1 the host's kernel would count none of a TCP socket's buffers)."""
+    source = """
+const net = require('net');
+const chunk = Buffer.alloc(1 << 16, 120), clients = [];
+const server = net.createServer((s) => s.pause()).listen(0, '127.0.0.1', async () => {
+  for (let i = 0; i < 40; i++) {
+    const port = server.address().port;
+    const c = await new Promise((done) => { const c = net.connect(port, '127.0.0.1', () => done(c)); });
+    clients.push(c);
+    for (let k = 0; k < 64 && c.write(chunk); k++) {}
+  }
+  await new Promise((done) => setTimeout(done, 500));
+  console.log(clients.reduce((sum, c) => sum + c.bytesWritten - c.writableLength, 0));
+  setTimeout(() => process.exit(0), 4000);  // held while the host looks
+});
+"""
+    engine = manager.provisioner.engine
+    await write_files(manager, session.id, [("fill.js", source)], overwrite=True)
+    before = memory_usage(engine, session.container_id)
+    peak = before
+    result: list[RunResult] = []
+
+    async def fill() -> None:
+        result.append(await run_entrypoint(manager, session.id, "fill.js", [], timeout_seconds=30))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(fill)
+        while not result:
+            peak = max(peak, await anyio.to_thread.run_sync(memory_usage, engine, session.container_id))
+            await anyio.sleep(0.2)
+    queued = int(result[0].stdout)
+    assert queued > 20 * 1024 * 1024, result[0]
+    assert peak - before > 0.8 * queued, (peak - before, queued)
+    await assert_nothing_outlives_the_run(engine, session)
+
+
+async def test_the_supervisor_cannot_be_signalled_nor_its_pipes_opened(
+    manager: SessionManager, session: Session
+) -> None:
+    """gVisor does not keep a process of the sandbox uid out of another of the same uid, so the engine-only model
+    believes none; the supervisor (uid 65533), whose answers it does believe, stays out of reach: no signal, and
+    no pipe of its stdin or stdout can be opened to read a request or forge an answer."""
+    source = """
+const fs = require('fs'); const out = [];
+for (const p of fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p))) {
+  let status; try { status = fs.readFileSync(`/proc/${p}/status`, 'latin1'); } catch { continue; }
+  if (+status.match(/Uid:\\s+(\\d+)/)[1] !== 65533) continue;
+  const row = { cmd: fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes('--supervise') };
+  for (const [fd, mode] of [[0, 'r'], [1, 'w'], [2, 'w']]) {
+    try { fs.closeSync(fs.openSync(`/proc/${p}/fd/${fd}`, mode)); row[fd] = 'opened'; } catch (e) { row[fd] = e.code; }
+  }
+  for (const signal of ['SIGSTOP', 'SIGKILL']) {
+    try { process.kill(+p, signal); row[signal] = 'sent'; } catch (e) { row[signal] = e.code; }
+  }
+  out.push(row);
+}
+console.log(JSON.stringify(out));
+"""
+    rows = json.loads((await run(manager, session, source)).stdout)
+    supervisors = [row for row in rows if row["cmd"]]
+    assert len(supervisors) == 1, rows
+    assert supervisors[0] == {"cmd": True, "0": "EACCES", "1": "EACCES", "2": "EACCES", "SIGSTOP": "EPERM",
+                              "SIGKILL": "EPERM"}  # fmt: skip
+    assert all(row["SIGKILL"] == "EPERM" for row in rows), rows
+    second = await run(manager, session, "console.log('still supervised')")
+    assert second.stdout == "still supervised\n"
+
+
+async def test_ipc_none_is_not_applied_but_dev_shm_cannot_be_written(manager: SessionManager, session: Session) -> None:
+    """gVisor ignores ``ipc: none``: its ``/dev/shm`` is there, in its own kernel, and the sandbox uid cannot write
+    it, so it holds no memory outside the workspace's bound."""
+    source = """
+const fs = require('fs'); const out = {};
+try { out.entries = fs.readdirSync('/dev/shm'); } catch (e) { out.entries = e.code; }
+try { fs.writeFileSync('/dev/shm/x', 'y'); out.write = 'ok'; } catch (e) { out.write = e.code; }
+console.log(JSON.stringify(out));
+"""
+    assert json.loads((await run(manager, session, source)).stdout) == {"entries": [], "write": "EACCES"}
+
+
+async def test_usage_comes_from_the_engines_counters(manager: SessionManager, session: Session) -> None:
+    """gVisor shows a sandbox no cgroup files: the figures are the engine's, for the whole sandbox (gVisor's kernel
+    included), and a peak only where the run set a new high-water mark."""
+    busy = await run(manager, session, "while (process.cpuUsage().user < 1e6) {}", timeout=30)  # 1 s of CPU
+    assert busy.cpu_ms is not None and 900 <= busy.cpu_ms < 5000, busy.cpu_ms
+    source = "const held = Buffer.alloc(200e6, 1); setTimeout(() => console.log(held.length), 300);"
+    held = await run(manager, session, source, timeout=20)
+    assert held.peak_memory_bytes is not None and held.peak_memory_bytes >= 200_000_000, held.peak_memory_bytes
+    small = await run(manager, session, "console.log(1)")
+    assert small.peak_memory_bytes is None  # below the mark the 200 MB run set: the engine keeps no other

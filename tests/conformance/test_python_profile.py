@@ -60,6 +60,10 @@ print(out)
 """
 
 
+@pytest.mark.runc_only(
+    "checks our seccomp profile, which gVisor does not apply: its kernel keeps these objects "
+    "in its own memory, charged to the sandbox"
+)
 async def test_a_program_reaches_no_kernel_object_the_cgroup_does_not_count(sandboxes: SessionManager) -> None:
     # Python has setsockopt, memfd_create, preadv2 and fadvise where JavaScript has none: the seccomp profile refuses
     # the forms that hold memory no cgroup counts (a BPF socket filter, an IP or netlink socket) or that tell or change
@@ -87,6 +91,7 @@ time.sleep(2)  # exits after the 1 s deadline, while the runner is stopped
 """
 
 
+@pytest.mark.runc_only("a runner answer exists only under the sealed-helpers model")
 async def test_a_runner_stopped_past_the_deadline_still_reports_a_timeout(sandboxes: SessionManager) -> None:
     # Asked of the runner directly: the host would also call the run a timeout from its duration alone.
     session = await sandboxes.create()

@@ -35,7 +35,7 @@ def assert_contained(outcome: dict[str, str]) -> None:
     ("label", "hatch"),
     [
         ("process.binding", "try { process.binding('fs'); process.binding('spawn_sync'); } catch {}"),
-        ("child_process absolute", "require('child_process').execFileSync('/usr/local/bin/node', ['-e', '1']);"),
+        ("child_process runtime", "require('child_process').execFileSync(process.execPath, ['-e', '1']);"),
         ("vm escape", "require('vm').runInNewContext('this.constructor.constructor(`return process`)()').pid;"),
         ("inspector.open", "try { require('inspector').open(9229, '0.0.0.0'); } catch {}"),
     ],

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import docker.errors
 import pytest
+from code_sandbox.channel.transport import runtime_argv
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import ExecRequest
 from code_sandbox.hardening import PROBE_UID, ContainerRequest, user_of
@@ -76,7 +77,7 @@ def test_a_container_of_a_hostile_image_starts_as_ours_and_leaves_no_volume(
     assert not verify_image(engine, variant.profile).passed
     facts = engine.image_facts(variant.profile.image_spec().tag)
     assert facts is not None and "NODE_OPTIONS" in facts.config.env_names
-    watchdog = [*profile.helper_argv("watchdog"), "60"]
+    watchdog = runtime_argv(engine, profile, [*profile.helper_argv("watchdog"), "60"])
     request = ContainerRequest(
         facts.id, watchdog, {}, engine.daemon_facts().apparmor, image_environment=facts.config.env_names
     )
@@ -93,7 +94,12 @@ def test_a_container_of_a_hostile_image_starts_as_ours_and_leaves_no_volume(
         probe = "console.log(JSON.stringify([process.env.NODE_OPTIONS, process.env.LD_PRELOAD]))"
         result = engine.exec(
             container_id,
-            ExecRequest(["/usr/local/bin/node", "-e", probe], user=user_of(PROBE_UID), timeout=30, max_stdout=4096),
+            ExecRequest(
+                runtime_argv(engine, profile, ["/usr/local/bin/node", "-e", probe]),
+                user=user_of(PROBE_UID),
+                timeout=30,
+                max_stdout=4096,
+            ),
         )
         assert result.exit_code == 0 and json.loads(result.stdout) == ["", ""]
         assert b"EVIL" not in result.stdout

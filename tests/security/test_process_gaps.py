@@ -74,8 +74,8 @@ def leader_exited(engine: Engine, session: Session, image_id: str) -> Generator[
     noexec), but another runtime's image could (pthread_exit in main), so it is started from outside: a container of
     our own that joins the sandbox's pid namespace as its uid. Yields that container's ID; removed afterwards.
     """
-    if engine.runtime_in_force().user_space_kernel or engine.daemon_facts().architecture != "x86_64":
-        pytest.skip("the probe joins the sandbox's pid namespace and is x86-64 code")
+    if engine.daemon_facts().architecture != "x86_64":
+        pytest.skip("the probe is x86-64 code")
     api = docker_of(engine).client()
     config = api.create_host_config(pid_mode=f"container:{session.container_id}", network_mode="none")
     created = api.create_container(
@@ -101,6 +101,9 @@ def leader_exited(engine: Engine, session: Session, image_id: str) -> Generator[
             engine.remove_container(container)
 
 
+@pytest.mark.runc_only(
+    "the probe joins the sandbox's pid namespace from a container of its own, which gVisor does not allow"
+)
 async def test_a_process_whose_leader_thread_exited_is_counted_by_the_survey(
     manager: SessionManager, image_id: str
 ) -> None:
@@ -115,6 +118,9 @@ async def test_a_process_whose_leader_thread_exited_is_counted_by_the_survey(
     assert len(manager) == 0 and manager.provisioner.engine.container_facts(session.container_id) is None
 
 
+@pytest.mark.runc_only(
+    "the probe joins the sandbox's pid namespace from a container of its own, which gVisor does not allow"
+)
 async def test_a_process_whose_leader_thread_exited_is_killed_and_counted_by_the_runs_cleanup(
     manager: SessionManager, image_id: str
 ) -> None:
@@ -145,6 +151,7 @@ _TICKING = (
     [(False, "evaluate"), (True, "evaluate"), (True, "list_files")],
     ids=["left-running", "stopped-again", "stopped-again-then-a-file-call"],
 )
+@pytest.mark.runc_only("evaluation contexts exist only under the sealed-helpers model (NOT_SUPPORTED under gVisor)")
 async def test_a_paused_context_that_was_continued_between_calls_gets_the_sandbox_destroyed(
     manager: SessionManager, stopped_again: bool, next_call: str
 ) -> None:
@@ -181,11 +188,10 @@ try { execFileSync(process.execPath, ['-e', 'Buffer.alloc(150e6, 1)']); } finall
 """
 
 
+@pytest.mark.runc_only("stops the runner's memory sampler; the engine-only model has no runner and reports no figure")
 async def test_a_program_that_stops_the_memory_sampler_cannot_hide_its_peak(manager: SessionManager) -> None:
     # The first run sets the sandbox's high-water mark, so that the second one's peak sets no new one: only samples
     # could show it, and the runner takes none while it is stopped.
-    if manager.provisioner.engine.runtime_in_force().user_space_kernel:
-        pytest.skip("gVisor shows no cgroup counters: the figure is null there")
     session = await manager.create()
     files = [
         ("mark.js", "const held = Buffer.alloc(300e6, 1); setTimeout(() => console.log(held.length), 300);"),

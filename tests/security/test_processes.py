@@ -56,7 +56,11 @@ for (let i = 0; i < 5; i++)
 console.log('parent done');
 """
     seconds, control_seconds, result = await arena.timed_attack(source, timeout=10)
-    assert seconds < control_seconds + 2, f"the run waited for its children: {seconds:.1f} s, {control_seconds:.1f} s"
+    # Under gVisor the leftovers are ended by a kill-all exec (a runtime start there), not by a runner already up.
+    slack = 5 if arena.gvisor else 2
+    assert seconds < control_seconds + slack, (
+        f"the run waited for its children: {seconds:.1f} s, {control_seconds:.1f} s"
+    )
     assert (result.exit_code, result.timed_out, result.termination_reason) == (0, False, "exited")
     lines = result.stdout.splitlines(keepends=True)  # the parent's line, and whole lines of whatever children wrote
     assert lines.count("parent done\n") == 1 and set(lines) <= {"parent done\n", "1\n"}, result.stdout

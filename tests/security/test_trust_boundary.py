@@ -54,6 +54,7 @@ def _session_containers(engine: DockerEngine, session_id: str) -> list[Any]:
     return engine.list_containers(f"{LABEL_SESSION}={hashlib.sha256(session_id.encode()).hexdigest()[:16]}")
 
 
+@pytest.mark.runc_only("writes to the runner's fds and kills it; the engine-only model has no runner")
 async def test_a_forged_runner_answer_is_never_returned_and_nothing_outlives_the_run(
     tmp_path: Path, engine: DockerEngine
 ) -> None:
@@ -93,6 +94,7 @@ setTimeout(() => {
 """
 
 
+@pytest.mark.runc_only("signals the runner; the engine-only model has no runner")
 async def test_sigusr1_opens_no_inspector_in_the_runner_and_the_run_still_answers(
     tmp_path: Path, engine: DockerEngine
 ) -> None:
@@ -118,6 +120,9 @@ console.log(JSON.stringify({ runner: String(process.ppid), out, own: fs.readdirS
 """
 
 
+@pytest.mark.runc_only(
+    "gVisor's kernel does not keep same-uid processes apart, which the engine-only model does not rely on"
+)
 async def test_user_code_cannot_open_another_processes_fds_or_memory(tmp_path: Path, engine: DockerEngine) -> None:
     async with connect(engine, tmp_path) as client:
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
@@ -178,6 +183,10 @@ const code = "const fs = require('fs'); const { parentPort } = require('worker_t
 OUTPUT_BYTES = re.compile(r"(\d+) output bytes")
 
 
+@pytest.mark.runc_only(
+    "the host's per-uid inotify limit it exhausts is not in play: each gVisor sandbox keeps its inotify instances "
+    "in a kernel of its own (and 135 workers there outlast the test's bound)"
+)
 async def test_one_sandbox_exhausting_inotify_instances_does_not_stop_anothers_fs_watch(
     tmp_path: Path, engine: DockerEngine
 ) -> None:

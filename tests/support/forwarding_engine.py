@@ -25,6 +25,7 @@ from code_sandbox.engine import (
     LineRequest,
     RuntimeFacts,
     StderrSink,
+    Usage,
     WatchRequest,
 )
 from code_sandbox.hardening import ContainerRequest
@@ -103,6 +104,9 @@ class ForwardingEngine:
 
     def watch_exec(self, container_id: str, request: WatchRequest) -> int | None:
         return self.inner.watch_exec(container_id, request)
+
+    def usage(self, container_id: str) -> Usage | None:
+        return self.inner.usage(container_id)
 
     def open_exec(self, container_id: str, argv: list[str], *, user: str) -> ExecStream:
         return self.inner.open_exec(container_id, argv, user=user)

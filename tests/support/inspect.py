@@ -16,3 +16,10 @@ def docker_of(engine: Engine) -> DockerEngine:
 
 def inspect_container(engine: Engine, container_id: str) -> dict[str, Any]:
     return cast(dict[str, Any], docker_of(engine).client().inspect_container(container_id))
+
+
+def memory_usage(engine: Engine, container_id: str) -> int:
+    """The container's memory cgroup usage in bytes, as the engine reads it on the host: under gVisor, everything its
+    kernel holds for the sandbox (processes, files, socket buffers) is there."""
+    stats = cast(dict[str, Any], docker_of(engine).client().stats(container_id, stream=False))
+    return int(stats["memory_stats"]["usage"])

@@ -28,6 +28,7 @@ from code_sandbox.engine import (
     ImageConfig,
     ImageFacts,
     RuntimeFacts,
+    Usage,
     WatchRequest,
 )
 from code_sandbox.errors import ErrorCode, SandboxError
@@ -219,6 +220,9 @@ class MemoryEngine:
             for container in containers
             if all(key in container.labels and value in (None, container.labels[key]) for key, value in wanted)
         ]
+
+    def usage(self, container_id: str) -> Usage | None:
+        return None
 
     def export_filesystem(self, container_id: str) -> Iterator[FileEntry]:
         raise SandboxError(ErrorCode.IMAGE_INVALID, "the memory engine exports nothing")

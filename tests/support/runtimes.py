@@ -1,8 +1,7 @@
 """The container runtimes the security and conformance suites run under. Each suite's ``engine`` fixture is
 parametrized by :data:`TEST_RUNTIMES`, so every test of those suites runs once per runtime named in
-``CODE_SANDBOX_TEST_RUNTIMES`` (comma-separated; default ``runc``). ``runc,runsc`` adds gVisor: not yet the default,
-because part of the security suite does not hold under gVisor yet (SECURITY.md, "Under gVisor"). A runtime the engine
-has not registered fails in CI (``CI=true``) and is skipped elsewhere.
+``CODE_SANDBOX_TEST_RUNTIMES`` (comma-separated; default ``runc,runsc``: the host's kernel and gVisor's, the two trust
+models of SECURITY.md). A runtime the engine has not registered fails in CI (``CI=true``) and is skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from code_sandbox.hardening import LABEL_TAG
 
 from tests.support.run import remove_tagged
 
-TEST_RUNTIMES = tuple(os.environ.get("CODE_SANDBOX_TEST_RUNTIMES", "runc").split(","))
+TEST_RUNTIMES = tuple(os.environ.get("CODE_SANDBOX_TEST_RUNTIMES", "runc,runsc").split(","))
 
 
 def runtime_engine(runtime: str, tag: str) -> Iterator[DockerEngine]:

@@ -58,6 +58,15 @@ binary it can read (google/gvisor#160), so under gVisor every process runs that 
 (the helpers depend on the unreadable one); user code that runs it gains nothing, as it is only itself."""
 
 
+def environment(*, user_space_kernel: bool) -> dict[str, str]:
+    """The environment of a container and of every exec in it under the runtime in force: :data:`ENVIRONMENT`, and
+    under gVisor :data:`UNSEALED_ENVIRONMENT` and a ``PATH`` that finds the readable runtime first (a program that
+    starts the runtime by name would otherwise meet the unreadable one, which gVisor cannot execute)."""
+    if not user_space_kernel:
+        return dict(ENVIRONMENT)
+    return {**ENVIRONMENT, "PATH": f"{READABLE_RUNTIME_DIR}:{ENVIRONMENT['PATH']}", **UNSEALED_ENVIRONMENT}
+
+
 def readable_runtime(runtime_path: str) -> str:
     """The readable copy of the image's runtime binary at ``runtime_path``."""
     return f"{READABLE_RUNTIME_DIR}/{runtime_path.rsplit('/', 1)[-1]}"

@@ -96,6 +96,7 @@ class ChannelTransport(Transport):
             self._remember_closed([container])
             self._gates.pop(("channel", container), None)
             self._gates.pop(("supervisor", container), None)
+            self._gates.pop(("survey", container), None)
             targets = [target for target in self._channels if target.container == container]
             self._opened = {target for target in self._opened if target.container != container}
         for target in targets:
@@ -109,8 +110,9 @@ class ChannelTransport(Transport):
             if not release():
                 return Refusal(ok=False, code="INVALID_REQUEST", message="the survey was not wanted")
             deadline = time.monotonic() + min(timeout, OPEN_SECONDS)
-            held.send([self._survey_line(target)], deadline)
-            line = held.read_line(LineRequest(deadline, max_stdout=4096, max_stderr=4096))
+            with self._gate(("survey", target.container)):  # one survey at a time on the held exec
+                held.send([self._survey_line(target)], deadline)
+                line = held.read_line(LineRequest(deadline, max_stdout=4096, max_stderr=4096))
             return parse_answer(line, SurveyAnswer)
 
     def _supervisor(self, container: str) -> ExecStream:

@@ -49,18 +49,22 @@ from code_sandbox.channel.transport import (
     Transport,
     untrusted,
 )
-from code_sandbox.engine import Engine, WatchRequest
+from code_sandbox.engine import Engine, NotStarted, Usage, WatchRequest
 from code_sandbox.errors import SandboxError
 from code_sandbox.profile import Profile
 
 KILL_SECONDS = 10.0
 """How long one kill-all may take (a runtime start in a loaded gVisor sandbox); the survey judges what it did."""
 SURVEY_SECONDS = 10.0
+KILL_ATTEMPTS = 3
+SETTLE_SECONDS = 0.1
 PIECE_MS = 250
 PIECE_BYTES = 64 * 1024
 PROGRESS_MS = 1000
 STDOUT, STDERR = 1, 2
 SIGKILL_EXIT = 128 + 9
+START_RETRY_PAUSES = (0.1, 0.5)
+"""Before each new start of a program the runtime could not start (then nothing of it ran)."""
 
 
 class EngineOnlyTransport(ChannelTransport):
@@ -116,6 +120,13 @@ class EngineOnlyTransport(ChannelTransport):
             raise HelperCrash(cause="the supervisor refused a survey")
         return answer.alive
 
+    def usage(self, target: Target) -> Usage | None:
+        """The engine's counters for the sandbox, or ``None`` where it cannot read them."""
+        try:
+            return self.engine.usage(target.container)
+        except SandboxError:
+            return None
+
     def end_all(self, target: Target) -> None:
         """Kill every process of the sandbox uid. What the kill-all says is not believed: the survey proves it."""
         with contextlib.suppress(SandboxError):
@@ -143,6 +154,9 @@ class _WatchedRun:
         self.sent_at = {STDOUT: 0.0, STDERR: 0.0}
         self.killed: str | None = None
         """Why the host killed the program ("deadline", "stdout", "stderr"), or ``None``."""
+        self.killer: threading.Thread | None = None
+        """The kill-all started when the host killed the program: waited for before the leftovers are counted, as it
+        is a process of the sandbox uid itself."""
         self.cleaned = False
         self.leftover = 0
         self.cleanup_lock = threading.Lock()
@@ -156,22 +170,36 @@ class _WatchedRun:
         deadline = threading.Timer(self.request.timeout_ms / 1000, self.kill, ("deadline",))
         deadline.daemon = True
         deadline.start()
+        before = self.transport.usage(self.target)
         ticker = threading.Thread(target=self.tick, name="code-sandbox progress", daemon=True)
         if self.on_stderr is not None:
             ticker.start()
         try:
-            code = self.transport.engine.watch_exec(self.target.container, watch)
+            code = self._start(watch)
         finally:
             deadline.cancel()
             self.finished.set()
         duration_ms = int((time.monotonic() - self.started) * 1000)
-        self.clean_up()
         if ticker.is_alive():
             ticker.join()
-        self.flush(force=True)
-        return self.answer(code, duration_ms)
+        self.flush(force=True)  # the last pieces go out before the cleanup, as the runner's do
+        with self.lock:
+            killer = self.killer
+        if killer is not None:
+            killer.join(KILL_SECONDS + 1)
+        self.clean_up()
+        return self.answer(code, duration_ms, before, self.transport.usage(self.target))
 
-    def answer(self, code: int | None, duration_ms: int) -> RunAnswer:
+    def _start(self, watch: WatchRequest) -> int | None:
+        """The engine's watch, started again (nothing ran) while the runtime refuses to start the program."""
+        for pause in START_RETRY_PAUSES:
+            try:
+                return self.transport.engine.watch_exec(self.target.container, watch)
+            except NotStarted:
+                time.sleep(pause)
+        return self.transport.engine.watch_exec(self.target.container, watch)
+
+    def answer(self, code: int | None, duration_ms: int, before: Usage | None, after: Usage | None) -> RunAnswer:
         if code is None or not 0 <= code <= 255:
             raise HelperCrash(cause="the engine reported no exit code for the program")
         killed = self.killed is not None and code == SIGKILL_EXIT
@@ -188,8 +216,8 @@ class _WatchedRun:
             duration_ms=duration_ms,
             cleanup="ok",
             leftover_killed=self.leftover,
-            cpu_ms=None,
-            peak_memory_bytes=None,
+            cpu_ms=cpu_ms(before, after),
+            peak_memory_bytes=peak_memory(before, after),
             exit_code=None if killed else code,
             signal="SIGKILL" if killed else None,
             timed_out=timed_out,
@@ -221,7 +249,8 @@ class _WatchedRun:
             if self.killed is not None or self.finished.is_set():
                 return
             self.killed = reason
-        threading.Thread(target=self.transport.end_all, args=(self.target,), daemon=True).start()
+            self.killer = threading.Thread(target=self.transport.end_all, args=(self.target,), daemon=True)
+            self.killer.start()
 
     def clean_up(self) -> None:
         """Once per run: count what is left of the sandbox uid (the program's leftovers, unless the host killed it),
@@ -231,10 +260,18 @@ class _WatchedRun:
                 return
             self.cleaned = True
             alive = self.transport.leftovers(self.target)
-            if alive:
-                self.transport.end_all(self.target)
             if self.killed is None:
                 self.leftover = alive
+            # Again while the survey still finds some: a kill-all started while leftovers held every task of the
+            # uid may not have started (and the survey after the run decides anyway).
+            for _attempt in range(KILL_ATTEMPTS):
+                if not alive:
+                    break
+                self.transport.end_all(self.target)
+                alive = self.transport.leftovers(self.target)
+                if alive:  # the kill-all itself may still be on its way out
+                    time.sleep(SETTLE_SECONDS)
+                    alive = self.transport.leftovers(self.target)
 
     def tick(self) -> None:
         while not self.finished.wait(PROGRESS_MS / 1000):
@@ -269,6 +306,23 @@ class _WatchedRun:
         if sink is not None:
             with self.emit_lock:
                 sink(line + b"\n")
+
+
+def cpu_ms(before: Usage | None, after: Usage | None) -> int | None:
+    """The sandbox's CPU time over the run as the engine counts it (gVisor's own kernel included)."""
+    if before is None or after is None or after.cpu_ns < before.cpu_ns:
+        return None
+    return (after.cpu_ns - before.cpu_ns) // 1_000_000
+
+
+def peak_memory(before: Usage | None, after: Usage | None) -> int | None:
+    """The run's peak above what the sandbox held before it, where the run set a new high-water mark (the engine
+    keeps no other); ``None`` otherwise."""
+    if before is None or after is None or before.memory_peak_bytes is None or after.memory_peak_bytes is None:
+        return None
+    if after.memory_peak_bytes <= before.memory_peak_bytes:
+        return None
+    return max(after.memory_peak_bytes - before.memory_bytes, 0)
 
 
 class RuntimeTransport(Transport):

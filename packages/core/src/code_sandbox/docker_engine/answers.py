@@ -205,6 +205,9 @@ class Created(_Answer):
 class ExecState(_Answer):
     Running: bool | None = None
     ExitCode: int | None = None
+    Pid: int | None = None
+    """0 while the process has not started, and for good when the runtime could not start it (the engine then
+    writes its own error to the exec's stdout)."""
 
 
 class VolumeRow(_Answer):
@@ -264,3 +267,23 @@ def parse_time(value: object) -> float | None:
     except ValueError:
         return None
     return parsed.timestamp() + (float("0." + fraction) if fraction else 0.0)
+
+
+class _CpuUsage(_Answer):
+    total_usage: int = 0
+
+
+class _CpuStats(_Answer):
+    cpu_usage: _CpuUsage | None = None
+
+
+class _MemoryStats(_Answer):
+    usage: int | None = None
+    max_usage: int | None = None
+
+
+class StatsAnswer(_Answer):
+    """One sample of ``GET /containers/{id}/stats?stream=false&one-shot=true``."""
+
+    cpu_stats: _CpuStats | None = None
+    memory_stats: _MemoryStats | None = None

@@ -7,17 +7,16 @@ from docker.types import LogConfig, Ulimit
 
 from code_sandbox.engine import RuntimeFacts
 from code_sandbox.hardening import (
-    ENVIRONMENT,
     HOSTNAME,
     LABEL_RUNTIME,
     SEALED_DIRS,
     SEALED_TMPFS,
     SUPERVISOR_USER,
-    UNSEALED_ENVIRONMENT,
     WORKSPACE_DIR,
     ContainerRequest,
     Hardening,
 )
+from code_sandbox.hardening import environment as fixed_environment
 from code_sandbox.seccomp import profile_text
 
 
@@ -65,8 +64,7 @@ def build_create_arguments(
     # is switched off. Anonymous volumes that an image's VOLUME makes go with the container (``v=True``).
     environment = {
         **dict.fromkeys(request.image_environment, ""),
-        **ENVIRONMENT,
-        **(UNSEALED_ENVIRONMENT if runtime.user_space_kernel else {}),
+        **fixed_environment(user_space_kernel=runtime.user_space_kernel),
     }
     create: dict[str, object] = {
         "image": request.image_id,

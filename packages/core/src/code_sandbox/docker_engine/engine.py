@@ -21,6 +21,7 @@ from code_sandbox.docker_engine.answers import (
     Created,
     ImageAnswer,
     InfoAnswer,
+    StatsAnswer,
     VersionAnswer,
     parse_time,
 )
@@ -45,10 +46,11 @@ from code_sandbox.engine import (
     FileEntry,
     ImageFacts,
     RuntimeFacts,
+    Usage,
     WatchRequest,
 )
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import LABEL_RUNTIME, ContainerRequest
+from code_sandbox.hardening import LABEL_RUNTIME, ContainerRequest, environment
 from code_sandbox.settings import Settings, SettingsError, env_name, unknown_runtime
 
 logger = logging.getLogger(__name__)
@@ -91,7 +93,7 @@ class DockerEngine:
         self._clock_anchor: tuple[float, float] | None = None
         """The engine's time and this machine's monotonic clock at one moment: :meth:`now` counts on from there."""
         self._volumes = PodmanVolumes(self.client)
-        self._execs = Execs(self.client, self._podman)
+        self._execs = Execs(self.client, self._podman, self._exec_environment)
         self._seccomp_files: dict[str, str] = {}
         """Podman: the seccomp profile's file for each architecture, once checked or written."""
 
@@ -372,6 +374,16 @@ class DockerEngine:
         """See :meth:`code_sandbox.engine.Engine.exec` and :meth:`Execs.run`."""
         return self._execs.run(container_id, request)
 
+    def usage(self, container_id: str) -> Usage | None:
+        """See :meth:`code_sandbox.engine.Engine.usage`: one sample of the engine's stats, without its second one."""
+        with translate(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is not available"):
+            answer = StatsAnswer.model_validate(self.client().stats(container_id, stream=False, one_shot=True))
+        cpu = answer.cpu_stats.cpu_usage if answer.cpu_stats is not None else None
+        memory = answer.memory_stats
+        if cpu is None or memory is None or memory.usage is None:
+            return None
+        return Usage(cpu.total_usage, memory.usage, memory.max_usage)
+
     def watch_exec(self, container_id: str, request: WatchRequest) -> int | None:
         """See :meth:`code_sandbox.engine.Engine.watch_exec` and :meth:`Execs.watch`."""
         return self._execs.watch(container_id, request)
@@ -382,3 +394,10 @@ class DockerEngine:
 
     def _podman(self) -> bool:
         return self.daemon_facts().podman
+
+    def _exec_environment(self) -> dict[str, str]:
+        try:
+            gvisor = self.runtime_in_force().user_space_kernel
+        except SettingsError:  # no such runtime: no container runs to exec in
+            gvisor = False
+        return environment(user_space_kernel=gvisor)

@@ -3,7 +3,9 @@ of the engine (never of the process)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -20,9 +22,9 @@ from code_sandbox.docker_engine.streams import (
     relay_frames,
     send_all,
 )
-from code_sandbox.engine import ExecRequest, ExecResult, WatchRequest
+from code_sandbox.engine import ExecRequest, ExecResult, NotStarted, WatchRequest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import ENVIRONMENT, WORKSPACE_DIR
+from code_sandbox.hardening import WORKSPACE_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +36,13 @@ EXIT_POLL_SECONDS = 0.1
 class Execs:
     """The execs of one engine object."""
 
-    def __init__(self, client: Callable[[], Client], is_podman: Callable[[], bool]) -> None:
+    def __init__(
+        self, client: Callable[[], Client], is_podman: Callable[[], bool], environment: Callable[[], dict[str, str]]
+    ) -> None:
         self._client = client
         self._podman = is_podman
+        self._environment = environment
+        """Every exec's environment (:func:`code_sandbox.hardening.environment` for the runtime in force)."""
 
     def run(self, container_id: str, request: ExecRequest) -> ExecResult:
         """See :meth:`code_sandbox.engine.Engine.exec`. On Podman, whose exec API can lose a short command's whole
@@ -64,31 +70,73 @@ class Execs:
 
     def watch(self, container_id: str, request: WatchRequest) -> int | None:
         """See :meth:`code_sandbox.engine.Engine.watch_exec`: the streams are read in this thread while another asks
-        the engine, every :data:`EXIT_POLL_SECONDS`, whether the process has ended."""
+        the engine, every :data:`EXIT_POLL_SECONDS`, whether the process has ended.
+
+        An exec the runtime could not start carries the engine's own error on its stdout: so no output is handed on
+        before the engine says the process started (asked once, at the first frame), and one that never started
+        is an error, its stream read to the end and dropped.
+        """
         exec_id, attached = self._start_exec(container_id, list(request.argv), user=request.user, stdin=False)
         raw = attach_socket(attached)
         done = threading.Event()
+        gone = threading.Event()
+
+        def end_reading() -> None:  # the container went: its streams may stay open (gVisor's do)
+            gone.set()
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_RDWR)
+
         watcher = threading.Thread(
-            target=self._watch_exit, args=(exec_id, request, done), name="code-sandbox exec watch", daemon=True
-        )
+            target=self._watch_exit, args=(exec_id, request, done, end_reading), name="code-sandbox exec watch",
+            daemon=True,
+        )  # fmt: skip
         watcher.start()
+        started: list[bool] = []
+
+        def hand_on(stream: int, piece: bytes) -> None:
+            if not started:
+                started.append(self._started(exec_id))
+            if started[0]:
+                request.on_output(stream, piece)
+
         try:
-            relay_frames(raw, request.deadline, request.on_output)
+            relay_frames(raw, request.deadline, hand_on)
+        except SandboxError:
+            if not gone.is_set():
+                raise
         finally:
             done.set()
             close_stream(attached, raw)
+        if gone.is_set():
+            raise container_gone()
+        if not (started[0] if started else self._started(exec_id)):
+            raise NotStarted
         return self._exec_exit_code(exec_id, max(request.deadline, time.monotonic() + 5))
 
-    def _watch_exit(self, exec_id: str, request: WatchRequest, done: threading.Event) -> None:
+    def _started(self, exec_id: str) -> bool:
+        with translate(*_UNAVAILABLE):
+            try:
+                state = ExecState.model_validate(self._client().exec_inspect(exec_id))
+            except NotFound:
+                return False
+        return bool(state.Pid) or state.Running is True
+
+    def _watch_exit(
+        self, exec_id: str, request: WatchRequest, done: threading.Event, end_reading: Callable[[], None]
+    ) -> None:
+        exited = False
         while not done.wait(EXIT_POLL_SECONDS):
             try:
                 state = ExecState.model_validate(self._client().exec_inspect(exec_id))
+            except NotFound:  # the exec went with its container
+                end_reading()
+                return
             except Exception:
                 return
-            if not state.Running:
+            if not state.Running and not exited:
+                exited = True
                 if not done.is_set():
                     request.on_exit()
-                return
 
     def open(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
         """Start ``argv`` in the container with its stdin held open: requests go in, answers come back one line at
@@ -105,7 +153,7 @@ class Execs:
             try:
                 created = api.exec_create(
                     container_id, argv, stdout=True, stderr=True, stdin=stdin, tty=False, user=user,
-                    environment=dict(ENVIRONMENT), workdir=WORKSPACE_DIR, privileged=False,
+                    environment=self._environment(), workdir=WORKSPACE_DIR, privileged=False,
                 )  # fmt: skip
             except APIError as exc:
                 if podman.not_running(exc, self._podman()):

@@ -8,6 +8,7 @@ from code_sandbox.engine.interface import (
     ExecRequest,
     ExecStream,
     LineRequest,
+    NotStarted,
     OutputSink,
     StderrSink,
     WatchRequest,
@@ -23,6 +24,7 @@ from code_sandbox.engine.models import (
     ImageFacts,
     RuntimeFacts,
     TrustModel,
+    Usage,
     normalise_arch,
 )
 
@@ -40,10 +42,12 @@ __all__ = [
     "ImageConfig",
     "ImageFacts",
     "LineRequest",
+    "NotStarted",
     "OutputSink",
     "RuntimeFacts",
     "StderrSink",
     "TrustModel",
+    "Usage",
     "WatchRequest",
     "normalise_arch",
 ]

@@ -6,7 +6,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from code_sandbox.engine.models import ContainerFacts, DaemonFacts, ExecResult, FileEntry, ImageFacts, RuntimeFacts
+from code_sandbox.engine.models import (
+    ContainerFacts,
+    DaemonFacts,
+    ExecResult,
+    FileEntry,
+    ImageFacts,
+    RuntimeFacts,
+    Usage,
+)
+from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import ContainerRequest
 
 StderrSink = Callable[[bytes], None]
@@ -44,6 +53,14 @@ class LineRequest:
     max_stderr: int
     on_stderr: StderrSink | None = None
     until: Callable[[], bool] | None = None
+
+
+class NotStarted(SandboxError):
+    """The runtime could not start a watched program (a loaded gVisor sandbox can refuse an exec): nothing of it ran,
+    so it may be started again."""
+
+    def __init__(self) -> None:
+        super().__init__(ErrorCode.TRANSFER_FAILED, "the program could not be started in the sandbox")
 
 
 OutputSink = Callable[[int, bytes], None]
@@ -164,6 +181,10 @@ class Engine(Protocol):
         """Every container (running or not) that carries every label given (``key`` or ``key=value``)."""
         ...
 
+    def usage(self, container_id: str) -> Usage | None:
+        """The container's CPU and memory counters, read on the host; ``None`` where the engine has none."""
+        ...
+
     def export_filesystem(self, container_id: str) -> Iterator[FileEntry]:
         """A created, not started, container's root filesystem, every regular file hashed."""
         ...
@@ -180,6 +201,7 @@ class Engine(Protocol):
         reports it (``None`` when the engine no longer knows the exec). A process killed by a signal ``n`` shows as
         ``128 + n``, like a process that exited with that code.
 
+        :raises NotStarted: the runtime could not start it (then no output was handed on).
         :raises SandboxError: ``TIMEOUT`` past the deadline, ``TRANSFER_FAILED``, ``CONTAINER_UNAVAILABLE``.
         """
         ...

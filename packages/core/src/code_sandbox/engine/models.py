@@ -126,6 +126,17 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """A container's resource counters as the engine reads them on the host (its cgroup): under gVisor, the only
+    ones there are, covering gVisor's own kernel with the sandbox."""
+
+    cpu_ns: int
+    memory_bytes: int
+    memory_peak_bytes: int | None
+    """The cgroup's high-water mark since the container started, where the engine reports one (cgroup v1)."""
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """What an exec returned. ``stdout`` and ``stderr`` are bounded by the caller's limits."""
 

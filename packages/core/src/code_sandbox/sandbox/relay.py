@@ -34,6 +34,8 @@ PIECES_PER_SECOND = 10.0
 """How many output pieces the host parses and forwards per second (the runner coalesces output into at most one
 piece per stream per 250 ms, or per 64 KiB, so that all kept output fits in a burst)."""
 PIECE_BURST = 40
+DRAIN_SECONDS = 0.5
+"""How long a finished call waits for the updates it offered to reach a slow client before its answer goes out."""
 
 Progress = Callable[[float, int], Awaitable[None]]
 """Called about once a second during a run with (elapsed seconds, output bytes so far)."""
@@ -53,19 +55,24 @@ async def supervise(
     """
     outcome: list[_T] = []
     failure: BaseException | None = None
+    delivered = anyio.Event()
     async with anyio.create_task_group() as group:
         send, receive = anyio.create_memory_object_stream[_Update](64)
         with send:
             on_stderr = None
             if progress is not None or output is not None:
-                group.start_soon(_deliver_updates, receive, progress, output)
+                group.start_soon(_deliver_updates, receive, progress, output, delivered)
                 on_stderr = update_reader(send)
             else:
                 receive.close()
+                delivered.set()
             try:
                 outcome.append(await anyio.to_thread.run_sync(call, on_stderr, abandon_on_cancel=True))
             except BaseException as exc:  # re-raised below, outside the group
                 failure = exc
+        if failure is None:  # what was offered before the answer goes out first, unless the client is slow
+            with anyio.move_on_after(DRAIN_SECONDS):
+                await delivered.wait()
         group.cancel_scope.cancel()  # stop relaying progress
     if failure is not None:
         raise failure
@@ -73,6 +80,18 @@ async def supervise(
 
 
 async def _deliver_updates(
+    receive: MemoryObjectReceiveStream[_Update],
+    progress: Progress | None,
+    output: OutputSink | None,
+    delivered: anyio.Event,
+) -> None:
+    try:
+        await _deliver(receive, progress, output)
+    finally:
+        delivered.set()
+
+
+async def _deliver(
     receive: MemoryObjectReceiveStream[_Update], progress: Progress | None, output: OutputSink | None
 ) -> None:
     async with receive:

@@ -37,15 +37,17 @@ class RunOutput(Output):
     cpu_ms: int | None = Field(
         description="CPU time (user + system) the run used, in milliseconds: the program and every process it "
         "started, read from the sandbox's cgroup counter before and after the run (so a program cannot misreport "
-        "it; the supervising runner's own small share is included). Null where the counter cannot be read."
+        "it; the supervising runner's own small share is included). Under gVisor, the engine's counter for the whole "
+        "sandbox, gVisor's own kernel included. Null where no counter can be read."
     )
     peak_memory_bytes: int | None = Field(
         description="The most memory the run used at once, in bytes: the sandbox cgroup's memory (the program, "
         "its children and the files they wrote to /workspace and /tmp) above what it used just before the run, "
         "from the cgroup's high-water mark when the run set a new one, else its highest sample (every 20 ms), "
         "so a short spike below an earlier run's peak can be missed; if the program stopped or reprioritised the "
-        "supervising runner, the cgroup's high-water mark instead (never less than the truth). Null where the "
-        "counter cannot be read."
+        "supervising runner, the cgroup's high-water mark instead (never less than the truth). Under gVisor, from "
+        "the engine's high-water mark when the run set a new one, gVisor's own kernel included, else null. Null "
+        "where the counter cannot be read."
     )
 
 
