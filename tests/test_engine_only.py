@@ -342,3 +342,20 @@ async def test_progress_comes_once_a_second_from_the_host(manager: SessionManage
     result = await run_entrypoint(manager, session.id, "slow.js", [], timeout_seconds=10, progress=progress)
     assert result.exit_code == 0
     assert len(seen) >= 2 and seen[-1][1] == 2 and all(elapsed >= 0.9 for elapsed, _ in seen), seen
+
+
+async def test_a_process_whose_name_forges_a_status_line_is_still_counted(
+    manager: SessionManager, session: Session
+) -> None:
+    """gVisor's kernel does not escape a newline in a process's name, the first line of /proc/<pid>/status: a name
+    can put a "Uid: 0" line above the real one. The survey believes no field it sees twice."""
+    source = """
+const { spawn } = require('child_process');
+spawn(process.execPath, ['-e', 'process.title = "\\\\nUid:\\\\t0\\\\nX"; setInterval(() => {}, 1000)'],
+      { stdio: 'ignore', detached: true }).unref();
+setTimeout(() => console.log('left one'), 500);
+"""
+    result = await run(manager, session, source)
+    assert result.stdout == "left one\n"
+    assert result.leftover_processes_killed == 1  # counted (as of an unknown uid), then killed
+    await assert_nothing_outlives_the_run(manager.provisioner.engine, session)

@@ -240,10 +240,18 @@ def read_status(pid):
         return file.read()
 
 
+def status_field(status, name, pattern):
+    """The one value of a status field, or None unless it is there exactly once: the first line is the process's
+    name, which gVisor's kernel does not escape, so a name holding a newline could put a line of its own above the
+    real ones. A field seen twice is not believed."""
+    found = re.findall(rf"^{name}:\s+({pattern})", status, re.M | re.A)
+    return found[0] if len(found) == 1 else None
+
+
 def status_uid_and_state(status):
-    uid = re.search(r"^Uid:\s+(\d+)", status, re.M | re.A)
-    state = re.search(r"^State:\s+(\S)", status, re.M | re.A)
-    return (int(uid.group(1)) if uid else None), (state.group(1) if state else None)
+    uid = status_field(status, "Uid", r"\d+")
+    state = status_field(status, "State", r"\S")
+    return (int(uid) if uid is not None else None), state
 
 
 # Live processes with our real uid, except ourselves. Zombies are already dead; init reaps them.

@@ -111,8 +111,13 @@ class ChannelTransport(Transport):
                 return Refusal(ok=False, code="INVALID_REQUEST", message="the survey was not wanted")
             deadline = time.monotonic() + min(timeout, OPEN_SECONDS)
             with self._gate(("survey", target.container)):  # one survey at a time on the held exec
-                held.send([self._survey_line(target)], deadline)
-                line = held.read_line(LineRequest(deadline, max_stdout=4096, max_stderr=4096))
+                try:
+                    held.send([self._survey_line(target)], deadline)
+                    line = held.read_line(LineRequest(deadline, max_stdout=4096, max_stderr=4096))
+                except BaseException:
+                    # Dropped before the next survey may start: a late answer must never be read as its own.
+                    self._drop_supervisor(target.container)
+                    raise
             return parse_answer(line, SurveyAnswer)
 
     def _supervisor(self, container: str) -> ExecStream:

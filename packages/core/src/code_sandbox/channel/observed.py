@@ -18,7 +18,6 @@ the host believes nothing that a process of the sandbox uid says.
 from __future__ import annotations
 
 import base64
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -50,7 +49,7 @@ from code_sandbox.channel.transport import (
     untrusted,
 )
 from code_sandbox.engine import Engine, NotStarted, Usage, WatchRequest
-from code_sandbox.errors import SandboxError
+from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.profile import Profile
 
 KILL_SECONDS = 10.0
@@ -127,10 +126,15 @@ class EngineOnlyTransport(ChannelTransport):
         except SandboxError:
             return None
 
-    def end_all(self, target: Target) -> None:
-        """Kill every process of the sandbox uid. What the kill-all says is not believed: the survey proves it."""
-        with contextlib.suppress(SandboxError):
+    def end_all(self, target: Target) -> bool:
+        """Kill every process of the sandbox uid. What the kill-all says is not believed: the survey proves it.
+        ``False`` when the exec did not finish in time: it may then start later, after any proof, and kill what the
+        next call runs, so the caller must give the sandbox up."""
+        try:
             self.execs.kill_all(target, timeout=KILL_SECONDS)
+        except SandboxError as error:
+            return error.code != ErrorCode.TIMEOUT
+        return True
 
 
 class _WatchedRun:
@@ -158,6 +162,8 @@ class _WatchedRun:
         """The kill-all started when the host killed the program: waited for before the leftovers are counted, as it
         is a process of the sandbox uid itself."""
         self.cleaned = False
+        self.kill_unfinished = False
+        """A kill-all exec did not finish in time (it may yet start, after the proof): the sandbox must go."""
         self.leftover = 0
         self.cleanup_lock = threading.Lock()
         self.started = time.monotonic()
@@ -214,7 +220,7 @@ class _WatchedRun:
             stdout_truncated=self.counts[STDOUT] > self.caps[STDOUT],
             stderr_truncated=self.counts[STDERR] > self.caps[STDERR],
             duration_ms=duration_ms,
-            cleanup="ok",
+            cleanup="failed" if self.kill_unfinished else "ok",  # a late kill must not meet the next call
             leftover_killed=self.leftover,
             cpu_ms=cpu_ms(before, after),
             peak_memory_bytes=peak_memory(before, after),
@@ -249,8 +255,12 @@ class _WatchedRun:
             if self.killed is not None or self.finished.is_set():
                 return
             self.killed = reason
-            self.killer = threading.Thread(target=self.transport.end_all, args=(self.target,), daemon=True)
+            self.killer = threading.Thread(target=self.end_all, daemon=True)
             self.killer.start()
+
+    def end_all(self) -> None:
+        if not self.transport.end_all(self.target):
+            self.kill_unfinished = True
 
     def clean_up(self) -> None:
         """Once per run: count what is left of the sandbox uid (the program's leftovers, unless the host killed it),
@@ -268,7 +278,7 @@ class _WatchedRun:
             for _attempt in range(KILL_ATTEMPTS):
                 if alive == 0:
                     break
-                self.transport.end_all(self.target)
+                self.end_all()
                 alive = self._leftovers()
                 if alive != 0:  # the kill-all itself may still be on its way out
                     time.sleep(SETTLE_SECONDS)

@@ -133,7 +133,7 @@ class Execs:
                 return
             except Exception:
                 return
-            if not state.Running and not exited:
+            if not state.Running and state.Pid and not exited:  # ended, having started (a failed start has no pid)
                 exited = True
                 if not done.is_set():
                     request.on_exit()

@@ -156,12 +156,20 @@ function procStat(pid, tid = null) {
 // counts as more than one.
 const livesOn = (state, threads) => (state !== 'Z' && state !== 'X') || !(threads <= 1);
 
-// The real uid of the process whose /proc/<pid>/status this is (NaN when unreadable), or null when it no longer
-// lives (livesOn).
+// The one value of a field of a /proc/<pid>/status, or undefined unless it is there exactly once. The first line
+// is the process's name, which the process chooses: gVisor's kernel does not escape a newline in it, so a name like
+// "\nUid:\t0" would put a line of its own above the real ones. A field seen twice is not believed.
+function statusField(status, name, pattern) {
+  const found = [...status.matchAll(new RegExp(`^${name}:\\s+(${pattern})`, 'gm'))];
+  return found.length === 1 ? found[0][1] : undefined;
+}
+
+// The real uid of the process whose /proc/<pid>/status this is (NaN when unreadable or ambiguous), or null when it
+// no longer lives (livesOn).
 function liveUid(status) {
-  const state = /^State:\s+(\S)/m.exec(status)?.[1];
-  const threads = Number(/^Threads:\s+(\d+)/m.exec(status)?.[1]);
-  return livesOn(state, threads) ? Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]) : null;
+  const state = statusField(status, 'State', '\\S');
+  const threads = Number(statusField(status, 'Threads', '\\d+'));
+  return livesOn(state, threads) ? Number(statusField(status, 'Uid', '\\d+')) : null;
 }
 
 // Live processes with our real uid, except ourselves. Dead zombies are gone for our purposes; init reaps them.
