@@ -157,8 +157,9 @@ async def test_a_kill_that_misses_a_process_is_caught_by_the_survey(manager: Ses
     assert isinstance(transport, RuntimeTransport)
 
     class Missing(EngineOnlyTransport):
-        def end_all(self, target: Target) -> None:
-            del target  # the kill never happens
+        def end_all(self, target: Target) -> bool:
+            del target  # the kill never happens, though it says it did
+            return True
 
     replaced = transport.chosen
     transport._chosen = Missing(transport.engine, transport.profile)  # pyright: ignore[reportPrivateUsage]
