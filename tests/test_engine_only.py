@@ -360,3 +360,18 @@ setTimeout(() => console.log('left one'), 500);
     assert result.stdout == "left one\n"
     assert result.leftover_processes_killed == 1  # counted (as of an unknown uid), then killed
     await assert_nothing_outlives_the_run(manager.provisioner.engine, session)
+
+
+async def test_no_warm_pool_is_kept_under_gvisor(gvisor: DockerEngine, profile: Profile, image_id: str) -> None:
+    """A claim signals the watchdog, whose readiness for it is read from /proc signal masks that gVisor does not show:
+    the pool stays empty (it would otherwise start containers without end) and sandboxes start on demand."""
+    del image_id
+    manager = SessionManager(gvisor, profile, Settings(max_sessions=2, warm_pool=1))
+    try:
+        with anyio.fail_after(10):
+            await manager.pool.run()  # returns at once: nothing to keep
+        assert manager.pool.warm_containers == ()
+        session = await manager.create()
+        assert (await run(manager, session, "console.log('on demand')")).stdout == "on demand\n"
+    finally:
+        await manager.shutdown()

@@ -86,7 +86,7 @@ class WarmPool:
         replace warm containers that are about to go stale.
         """
         target = self.provisioner.settings.warm_pool
-        if target == 0:
+        if target == 0 or await self._under_gvisor():
             return
         pool_seconds = self.provisioner.settings.max_lifetime
         while True:
@@ -102,6 +102,17 @@ class WarmPool:
             self._pool_changed = anyio.Event()
             with anyio.move_on_after(retry_seconds):
                 await self._pool_changed.wait()
+
+    async def _under_gvisor(self) -> bool:
+        """No warm pool under gVisor: a claim signals the watchdog, and whether it is ready for that is read from its
+        signal mask in ``/proc``, which gVisor's kernel does not show (the watchdog would die of an early claim)."""
+        try:
+            gvisor = (await run_sync(self.provisioner.engine.runtime_in_force)).user_space_kernel
+        except SandboxError:
+            return False  # the engine cannot say yet: refills fail and are retried as any would be
+        if gvisor:
+            logger.info("no warm pool under gVisor: new sandboxes start on demand")
+        return gvisor
 
     async def _add_warm_container(self, pool_seconds: int) -> None:
         self._getting_ready += 1
