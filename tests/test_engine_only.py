@@ -370,6 +370,7 @@ async def test_no_warm_pool_is_kept_under_gvisor(gvisor: DockerEngine, profile: 
     try:
         with anyio.fail_after(10):
             await manager.pool.run()  # returns at once: nothing to keep
+            await manager.pool.wait_for_pool()  # and nobody waits for what never comes
         assert manager.pool.warm_containers == ()
         session = await manager.create()
         assert (await run(manager, session, "console.log('on demand')")).stdout == "on demand\n"

@@ -44,6 +44,8 @@ class WarmPool:
         self._getting_ready = 0  # containers being created or readied for the pool, the ones without an ID too
         self._pool_changed = anyio.Event()
         self._closing = False
+        self._none_kept = False
+        """Set when the runtime allows no warm pool (gVisor): nothing will fill it."""
         self._first_fill = True  # until the first warm container is ready (or failed to get ready)
         self._waiting = 0
 
@@ -86,7 +88,11 @@ class WarmPool:
         replace warm containers that are about to go stale.
         """
         target = self.provisioner.settings.warm_pool
-        if target == 0 or await self._under_gvisor():
+        if target == 0:
+            return
+        if await self._under_gvisor():
+            self._none_kept = True
+            self._pool_changed.set()  # wakes wait_for_pool
             return
         pool_seconds = self.provisioner.settings.max_lifetime
         while True:
@@ -159,8 +165,9 @@ class WarmPool:
         return tuple(pooled.made.container_id for pooled in self._pool)
 
     async def wait_for_pool(self) -> None:
-        """Wait until the warm pool is full (benchmarks and tests use it to measure a warm hand-out)."""
-        while len(self._pool) < self.provisioner.settings.warm_pool:
+        """Wait until the warm pool is full (benchmarks and tests use it to measure a warm hand-out); at once where
+        none is kept (under gVisor)."""
+        while len(self._pool) < self.provisioner.settings.warm_pool and not self._none_kept:
             await self._pool_changed.wait()
 
     def close(self) -> list[str]:
