@@ -113,10 +113,13 @@ class Execs:
             raise NotStarted
         return self._exec_exit_code(exec_id, max(request.deadline, time.monotonic() + 5))
 
+    def _state(self, exec_id: str) -> ExecState:
+        return ExecState.model_validate(self._client().exec_inspect(exec_id))
+
     def _started(self, exec_id: str) -> bool:
         with translate(*_UNAVAILABLE):
             try:
-                state = ExecState.model_validate(self._client().exec_inspect(exec_id))
+                state = self._state(exec_id)
             except NotFound:
                 return False
         return bool(state.Pid) or state.Running is True
@@ -127,7 +130,7 @@ class Execs:
         exited = False
         while not done.wait(EXIT_POLL_SECONDS):
             try:
-                state = ExecState.model_validate(self._client().exec_inspect(exec_id))
+                state = self._state(exec_id)
             except NotFound:  # the exec went with its container
                 end_reading()
                 return
@@ -168,7 +171,7 @@ class Execs:
         with translate(*_UNAVAILABLE):
             while True:
                 try:
-                    state = ExecState.model_validate(self._client().exec_inspect(exec_id))
+                    state = self._state(exec_id)
                 except NotFound:
                     return None
                 if not state.Running:
