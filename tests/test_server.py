@@ -30,6 +30,7 @@ from code_sandbox.channel.protocol import ExecuteAnswer, ExecuteRequest, Refusal
 from code_sandbox.channel.transport import StderrSink, Target
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine
+from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
@@ -846,3 +847,103 @@ def test_an_independent_client_the_mcp_inspector_lists_and_calls_the_tools(
     # The servers had the test's settings: they wrote the audit log the test named.
     records = [json.loads(line) for line in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
     assert [r["tool"] for r in records] == ["create_sandbox", "destroy_sandbox"]
+
+
+# -- destroy_sandbox: the answer first, the removal after it ------------------------------------------------------
+
+
+class _HeldRemovals(ForwardingEngine):
+    """Every container removal waits until the test lets it go: what a client sees while a removal is slow, or
+    once the server is gone before it removed anything."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.go = threading.Event()
+        self.waiting: list[str] = []
+
+    def remove_container(self, container_id: str) -> bool:
+        self.waiting.append(container_id)
+        if not self.go.wait(60):
+            raise AssertionError("the test never let the removal go")
+        return self.inner.remove_container(container_id)
+
+
+async def test_destroy_answers_before_the_removal_and_the_container_ends_by_itself(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    """The reply does not wait for the removal, yet nothing depends on the removal happening: the container is told
+    to stop before the reply, so a server that dies right after it (its removal never made) leaves nothing."""
+    held = _HeldRemovals(engine)
+    try:
+        async with connect(held, tmp_path) as client:
+            sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+            (container,) = worker_containers(engine)
+            with anyio.fail_after(20):
+                assert ok(await client.call_tool("destroy_sandbox", {"session_id": sid})) == {"destroyed": True}
+            assert error_code(await client.call_tool("list_files", {"session_id": sid})) == "INVALID_SESSION"
+            # The removal is still held, as if this server had died: the container goes on its own.
+            await none_of_mine(engine)
+            assert held.waiting == [container.id]
+            assert ok(await client.call_tool("destroy_sandbox", {"session_id": sid})) == {"destroyed": False}
+            held.go.set()
+    finally:
+        held.go.set()
+
+
+async def test_a_create_at_the_cap_waits_for_a_destroyed_sandbox_still_being_removed(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    held = _HeldRemovals(engine)
+    try:
+        async with connect(held, tmp_path, max_sessions="1") as client:
+            sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+            ok(await client.call_tool("destroy_sandbox", {"session_id": sid}))
+            created: list[CallToolResult] = []
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as group:
+
+                    async def create() -> None:
+                        created.append(await client.call_tool("create_sandbox", {}))
+
+                    group.start_soon(create)
+                    while not held.waiting:  # noqa: ASYNC110 - the removal is in another thread
+                        await anyio.sleep(0.02)
+                    await anyio.sleep(0.3)
+                    assert not created  # it waits for the slot the destroyed sandbox still holds
+                    held.go.set()
+            assert ok(created[0])["session_id"] != sid
+    finally:
+        held.go.set()
+
+
+class _Unsignalled(ForwardingEngine):
+    """An engine that takes no signal (as one that stopped answering might), and, when told, no removal either."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.refuse_removal = False
+
+    def signal_container(self, container_id: str, signal: str) -> None:
+        raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "the sandbox container is not available")
+
+    def remove_container(self, container_id: str) -> bool:
+        if self.refuse_removal:
+            raise SandboxError(ErrorCode.CONTAINER_REMOVAL_FAILED, "the sandbox container could not be removed")
+        return self.inner.remove_container(container_id)
+
+
+async def test_destroy_removes_the_container_itself_when_the_engine_takes_no_signal(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    unsignalled = _Unsignalled(engine)
+    async with connect(unsignalled, tmp_path) as client:
+        first = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+        assert ok(await client.call_tool("destroy_sandbox", {"session_id": first})) == {"destroyed": True}
+        assert await anyio.to_thread.run_sync(worker_containers, engine) == []  # removed before the reply
+        second = ok(await client.call_tool("create_sandbox", {}))["session_id"]
+        unsignalled.refuse_removal = True
+        refused = await client.call_tool("destroy_sandbox", {"session_id": second})
+        assert error_code(refused) == "CONTAINER_REMOVAL_FAILED"
+        assert error_code(await client.call_tool("list_files", {"session_id": second})) == "INVALID_SESSION"
+        unsignalled.refuse_removal = False  # the reaper's retry, or shutdown, removes it
+    await none_of_mine(engine)

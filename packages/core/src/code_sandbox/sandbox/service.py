@@ -129,18 +129,32 @@ class SandboxService:
         finally:
             await self.remove_after_reply(session.id)
 
+    async def destroy(self, session_id: str) -> bool:
+        """``destroy_sandbox``: the sandbox is out of use and its container told to stop when this returns
+        (:meth:`SessionManager.stop`); the removal is confirmed after the reply, as for a one-shot. Idempotent:
+        ``False`` when there was no live sandbox."""
+        stopped = await self.manager.stop(session_id)
+        if stopped is None:
+            return False
+        await self._confirm_removal(stopped)
+        return True
+
     async def remove_after_reply(self, session_id: str) -> None:
         """Take a one-shot's sandbox out of use now and remove its container in the background, so that the result
         goes out first. Until Docker confirms the removal, the sandbox still counts against the cap; a failed
         removal is retried by the reaper."""
         retired = self.manager.retire(session_id)
-        if retired is None:
-            return
+        if retired is not None:
+            await self._confirm_removal(retired)
+
+    async def _confirm_removal(self, session: Session) -> None:
+        """Remove a retired session's container after the reply (in the background work), or now when the service
+        runs without it; a failed removal is retried by the reaper."""
         if self._background is not None:
-            self._background.start_soon(self.manager.remove_quietly, retired)
+            self._background.start_soon(self.manager.remove_quietly, session)
         else:
             with anyio.CancelScope(shield=True):
-                await self.manager.remove_quietly(retired)
+                await self.manager.remove_quietly(session)
 
     async def _sweep(self) -> None:
         # A tagged server (CODE_SANDBOX_TAG) judges only its tag's containers: other clients' are theirs to sweep.

@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 REAPER_INTERVAL_SECONDS = 2.0
 SHUTDOWN_SECONDS = 8.0
 LOST_CONTAINER_GRACE_SECONDS = 1.0
+REMOVAL_WAIT_SECONDS = 10.0
+"""How long a create at the cap waits for sandboxes already on their way out (:meth:`SessionManager.stop`)."""
+STOP_SIGNAL = "SIGTERM"
+"""What ends a sandbox without waiting: the watchdog exits on it, the container stops, and Docker removes it."""
 
 
 def session_hash(session_id: str) -> str:
@@ -60,6 +64,8 @@ class Session:
     and only the create that reserved it takes it out (the session that replaces it is ``active``);
     ``failing``: untrusted and being destroyed by the call that found out (the reaper leaves it to that call);
     ``destroying``: removal started, or failed and is retried by the reaper."""
+    removing: bool = False
+    """Whether a removal of its container is under way now."""
 
     @property
     def hash(self) -> str:
@@ -105,6 +111,8 @@ class SessionManager:
         self.pool = WarmPool(self.provisioner, lambda: self.clock())  # the manager's clock, even once replaced
         self._sessions: dict[str, Session] = {}
         self._closing = False
+        self._removed = anyio.Event()
+        """Set (and replaced) whenever a removal ends: a create at the cap waits on it."""
 
     # -- lookup -------------------------------------------------------------------------------------------------
 
@@ -157,6 +165,7 @@ class SessionManager:
         """Start a new sandbox container from the verified image (or claim a warm one)."""
         if self._closing:
             raise _shutting_down()
+        await self._wait_for_removals()
         if len(self._sessions) >= self.provisioner.settings.max_sessions:
             raise SandboxError(
                 ErrorCode.SESSION_LIMIT_EXCEEDED,
@@ -193,7 +202,37 @@ class SessionManager:
         logger.info("session %s created", session.hash)
         return session
 
+    async def _wait_for_removals(self) -> None:
+        """At the cap, wait (bounded) while sandboxes that were destroyed are still being removed: a client that
+        destroys one and creates another at once must not meet the cap of the one it gave back."""
+        with anyio.move_on_after(REMOVAL_WAIT_SECONDS):
+            while len(self._sessions) >= self.provisioner.settings.max_sessions and any(
+                session.removing for session in self._sessions.values()
+            ):
+                await self._removed.wait()
+
     # -- destroy ------------------------------------------------------------------------------------------------
+
+    async def stop(self, session_id: str) -> Session | None:
+        """The first half of ``destroy_sandbox``, all a client waits for: take a live session out of use (its calls
+        get ``INVALID_SESSION`` from now on) and tell its watchdog to exit (:data:`STOP_SIGNAL`, one engine call
+        that does not wait for the container). The container then stops and Docker removes it by itself, so
+        nothing is left behind even if this process dies next.
+
+        Returns the session, whose removal the caller confirms with :meth:`remove_quietly` (it counts against the
+        cap until then), or ``None`` when there was no live session. When the signal cannot be sent, the container
+        is removed here instead, as :meth:`destroy` does (raising ``CONTAINER_REMOVAL_FAILED`` if that fails), and
+        ``session`` is returned with nothing left to remove.
+        """
+        session = self._sessions.get(session_id)
+        if session is None or session.state != "active":
+            return None
+        session.state = "destroying"
+        try:
+            await run_sync(self.provisioner.engine.signal_container, session.container_id, STOP_SIGNAL)
+        except SandboxError:  # gone already, or the engine did not take the signal: remove it now
+            await self._remove(session)
+        return session
 
     async def destroy(self, session_id: str) -> bool:
         """Remove a session's container. Idempotent: ``False`` when there was no such live session.
@@ -224,7 +263,10 @@ class SessionManager:
     async def _remove(self, session: Session, *, abandon: bool = False) -> None:
         if not session.provisioned:
             return  # a placeholder has no container to remove; the create that reserved it takes it out
+        if session.id not in self._sessions:
+            return  # removed already (a stopped session whose removal was confirmed by another caller)
         session.state = "destroying"
+        session.removing = True
         try:
             await run_sync(self.provisioner.engine.remove_container, session.container_id, abandon=abandon)
         except SandboxError as error:
@@ -233,6 +275,10 @@ class SessionManager:
                 ErrorCode.CONTAINER_REMOVAL_FAILED,
                 "the sandbox could not be removed yet; it is disabled and removal will be retried",
             ) from None
+        finally:
+            session.removing = False
+            self._removed.set()
+            self._removed = anyio.Event()
         self.provisioner.transport.close(session.container_id)
         self._sessions.pop(session.id, None)
         logger.info("session %s destroyed", session.hash)
@@ -284,8 +330,8 @@ class SessionManager:
         now = self.clock()
         removed = 0
         for session in list(self._sessions.values()):
-            if not session.provisioned:
-                continue  # still being created
+            if not session.provisioned or session.removing:
+                continue  # still being created, or being removed by another caller
             if session.state == "destroying" or (self._expired(session, now) and not session.lock.locked()):
                 with contextlib.suppress(SandboxError):
                     await self._remove(session)

@@ -263,7 +263,7 @@ class SandboxServer(Server[None]):
         )
 
     async def _destroy(self, params: SessionInput, _ctx: Context, _counts: Counts) -> BaseModel:
-        return DestroyOutput(destroyed=await self.manager.destroy(params.session_id))
+        return DestroyOutput(destroyed=await self.service.destroy(params.session_id))
 
     async def _execute(self, params: ExecuteInput, ctx: Context, counts: Counts) -> BaseModel:
         progress, output = live_progress(ctx)

@@ -138,8 +138,9 @@ Destroy a sandbox: stop its container and discard its workspace and every file i
 when you are done iterating ({execute_tool} sandboxes need no destroy). Safe to call twice: destroying an \
 unknown or already destroyed sandbox returns destroyed=false, not an error.
 
-If the container cannot be removed yet, the error is CONTAINER_REMOVAL_FAILED; the sandbox is disabled and \
-its removal is retried automatically."""
+The sandbox is unusable once this returns and its container is removed right after. If the engine cannot be \
+reached to stop it, the error is CONTAINER_REMOVAL_FAILED; the sandbox is disabled all the same and its \
+removal is retried automatically."""
 
 EXECUTE = """\
 Run {language} in one call: create a fresh sandbox, write the given files, run the entrypoint, return the \
