@@ -19,6 +19,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,7 +30,9 @@ from code_sandbox.channel.channels import ChannelTransport
 from code_sandbox.channel.protocol import ExecuteAnswer, ExecuteRequest, Refusal
 from code_sandbox.channel.transport import StderrSink, Target
 from code_sandbox.docker_engine import DockerEngine
-from code_sandbox.engine import Engine
+from code_sandbox.doctor import Finding
+from code_sandbox.doctor import _check_capacity as check_capacity  # pyright: ignore[reportPrivateUsage]
+from code_sandbox.engine import DaemonFacts, Engine
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
@@ -39,7 +42,7 @@ from code_sandbox.hardening import (
     ContainerRequest,
     Hardening,
 )
-from code_sandbox.limits import MEMORY_BYTES, PROCESSES, WORDS
+from code_sandbox.limits import MEMORY_BYTES, PROCESSES, WORDS, MiB, sessions_backed
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox.service import SandboxService
@@ -947,3 +950,55 @@ async def test_destroy_removes_the_container_itself_when_the_engine_takes_no_sig
         assert error_code(await client.call_tool("list_files", {"session_id": second})) == "INVALID_SESSION"
         unsignalled.refuse_removal = False  # the reaper's retry, or shutdown, removes it
     await none_of_mine(engine)
+
+
+# -- how many sandboxes the engine's memory backs -----------------------------------------------------------------
+
+
+class _SmallHost(ForwardingEngine):
+    """The test's engine, reporting the memory of a small host (a Docker Desktop VM of its default size)."""
+
+    def __init__(self, inner: Engine, memory_bytes: int) -> None:
+        super().__init__(inner)
+        self.memory_bytes = memory_bytes
+
+    def daemon_facts(self) -> DaemonFacts:
+        return replace(self.inner.daemon_facts(), memory_bytes=self.memory_bytes)
+
+
+def test_the_engine_reports_its_memory_and_it_backs_the_largest_setting(engine: DockerEngine) -> None:
+    memory = engine.daemon_facts().memory_bytes
+    assert memory > 1024 * MiB  # docker info's MemTotal, read through the answer's model
+    # The figure the load benchmark needs: 100 sandboxes on a host of this one's size (24 GiB).
+    assert sessions_backed(24 * 1024 * MiB) == 100
+    assert sessions_backed(2 * 1024 * MiB) == (2048 - 512 - 256) // 64 == 20
+    assert sessions_backed(512 * MiB) == 0
+
+
+async def test_a_max_sessions_the_engines_memory_cannot_back_is_refused_and_named(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    small = _SmallHost(engine, 2 * 1024 * MiB)
+    async with connect(small, tmp_path, max_sessions="21") as client:
+        refused = await client.call_tool("create_sandbox", {})
+        assert error_code(refused) == "SETTINGS_INVALID"
+        text = cast(TextContent, refused.content[0]).text
+        assert "CODE_SANDBOX_MAX_SESSIONS" in text and "holds 20 sandboxes" in text
+        hello = [{"path": "index.js", "content": "console.log('hello')"}]
+        refused = await client.call_tool("execute_javascript", {"files": hello, "entrypoint": "index.js"})
+        assert error_code(refused) == "SETTINGS_INVALID"
+    assert worker_containers(engine) == []
+    async with connect(small, tmp_path, max_sessions="20") as client:  # the bound itself is backed
+        ok(await client.call_tool("create_sandbox", {}))
+    (refusal,) = _capacity_row(small, max_sessions="21")
+    assert not refusal.passed
+    assert refusal.fix == "set CODE_SANDBOX_MAX_SESSIONS to 20 or less, or give the engine more memory"
+    (backed,) = _capacity_row(engine, max_sessions="100")
+    assert backed.passed, backed.detail
+
+
+def _capacity_row(engine: Engine, **settings: str) -> list[Finding]:
+    """The ``doctor`` row that judges CODE_SANDBOX_MAX_SESSIONS against ``engine``'s memory."""
+    findings: list[Finding] = []
+    check_capacity(findings, engine, load_settings({f"CODE_SANDBOX_{k.upper()}": v for k, v in settings.items()}))
+    return findings

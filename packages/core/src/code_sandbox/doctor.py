@@ -19,8 +19,10 @@ from code_sandbox.engine import TRUST_MODELS, Engine, ExecRequest
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.image import verify_image
+from code_sandbox.limits import MiB, sessions_backed
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox.audit import UnsafeAuditFileError, default_audit_path, open_audit_file
+from code_sandbox.sandbox.provisioner import require_capacity
 from code_sandbox.settings import Settings, load_settings
 
 
@@ -40,6 +42,8 @@ def run_doctor(engine: DockerEngine, profile: Profile | None, environ: dict[str,
     settings = _check_settings(findings, environ)
     docker_ok = _check_docker(findings, engine)
     runtime_ok = docker_ok and _check_runtime(findings, engine, local=engine.address.local)
+    if docker_ok and settings is not None:
+        _check_capacity(findings, engine, settings)
     if runtime_ok and profile is not None:
         _check_hardening(findings, engine, profile)
         _check_image(findings, engine, profile)
@@ -195,6 +199,21 @@ def _check_runtime(findings: list[Finding], engine: Engine, *, local: bool, runs
     else:
         findings.append(Finding("runtime", True, detail))
     return True
+
+
+def _check_capacity(findings: list[Finding], engine: Engine, settings: Settings) -> None:
+    memory = engine.daemon_facts().memory_bytes
+    if not memory:
+        findings.append(Finding("capacity", True, "the engine does not report its memory; not judged"))
+        return
+    wanted = f"{settings.max_sessions} sandboxes at once"
+    try:
+        require_capacity(engine.daemon_facts(), settings)
+    except SandboxError as error:
+        findings.append(Finding("capacity", False, f"{wanted}: {error.message}", error.hint))
+        return
+    backed = f"the engine's {memory / (1024 * MiB):.1f} GiB backs up to {sessions_backed(memory)}"
+    findings.append(Finding("capacity", True, f"{wanted}; {backed}"))
 
 
 def _check_hardening(findings: list[Finding], engine: Engine, profile: Profile) -> None:

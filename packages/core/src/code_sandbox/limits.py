@@ -12,6 +12,22 @@ PROCESSES = 128
 WORKSPACE_BYTES = 64 * MiB
 """The workspace tmpfs; the file helper refuses writes past it, counting file bytes."""
 
+# What the engine's memory must back (CODE_SANDBOX_MAX_SESSIONS is refused past it).
+MAX_SESSIONS = 100
+SANDBOX_BACKING_BYTES = 64 * MiB
+"""Each sandbox that may exist: its idle helpers (bench/run.py measures them), its kernel objects and page tables,
+with room to spare."""
+SERVER_BACKING_BYTES = 256 * MiB
+"""The server itself and the engine's own share, on top of one sandbox at its full :data:`MEMORY_BYTES`."""
+
+
+def sessions_backed(memory_bytes: int) -> int:
+    """How many sandboxes an engine host with ``memory_bytes`` of memory backs: each at its idle cost, and any one of
+    them at its full memory limit besides (capped at :data:`MAX_SESSIONS`)."""
+    spare = memory_bytes - MEMORY_BYTES - SERVER_BACKING_BYTES
+    return max(0, min(MAX_SESSIONS, spare // SANDBOX_BACKING_BYTES))
+
+
 # The file tools.
 MAX_PATH_BYTES = 1024
 """A workspace path's length in UTF-8 bytes; the tools' schemas state it in characters, as many as its bytes at most."""

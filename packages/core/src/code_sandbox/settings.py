@@ -14,6 +14,7 @@ from pathlib import Path
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_TAG
+from code_sandbox.limits import MAX_SESSIONS
 
 _PREFIX = "CODE_SANDBOX_"
 
@@ -46,7 +47,7 @@ def is_valid_tag(tag: str) -> bool:
 _INT_SETTINGS = (
     _IntSetting("max_lifetime", 30, 3600, 600, "seconds"),
     _IntSetting("idle_timeout", 10, 1800, 180, "seconds"),
-    _IntSetting("max_sessions", 1, 20, 3, "sessions"),
+    _IntSetting("max_sessions", 1, MAX_SESSIONS, 3, "sessions"),
     _IntSetting("default_timeout", 1, 120, 30, "seconds"),
     _IntSetting("max_timeout", 1, 300, 120, "seconds"),
     _IntSetting("warm_pool", 0, 20, 1, "containers"),
@@ -89,8 +90,8 @@ class Settings:
 class SettingsError(SandboxError):
     """A setting is invalid; ``variable`` names it."""
 
-    def __init__(self, variable: str, message: str) -> None:
-        super().__init__(ErrorCode.SETTINGS_INVALID, f"{variable} {message}")
+    def __init__(self, variable: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(ErrorCode.SETTINGS_INVALID, f"{variable} {message}", hint=hint)
         self.variable = variable
 
 

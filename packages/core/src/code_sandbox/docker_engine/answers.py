@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from code_sandbox.docker_engine.address import printable
 from code_sandbox.engine import ContainerFacts, DaemonFacts, ImageConfig, ImageFacts, normalise_arch
@@ -53,6 +53,7 @@ class InfoAnswer(_Answer):
     DefaultRuntime: str | None = None
     ServerVersion: str | None = None
     OperatingSystem: str | None = None
+    MemTotal: int = Field(default=0, ge=0)
 
     def facts(self, version: VersionAnswer, podman_runtime: tuple[str, str] | None) -> DaemonFacts:
         """What the engine is; ``podman_runtime`` is the service's own runtime when Podman serves the API."""
@@ -70,6 +71,7 @@ class InfoAnswer(_Answer):
             operating_system=printable(self.OperatingSystem or ""),
             architecture=normalise_arch(self.Architecture),
             os_type=self.OSType,
+            memory_bytes=self.MemTotal,
             apparmor=any(option.startswith("name=apparmor") for option in options),
             apparmor_profile="containers-default" if podman_runtime is not None else "docker-default",
             seccomp=any(option.startswith("name=seccomp") and "profile=unconfined" not in option for option in options),

@@ -28,6 +28,8 @@ class DaemonFacts:
     """What serves the API: ``Docker Engine``, or ``Podman Engine`` (asked of the engine, never guessed)."""
     version: str = ""
     operating_system: str = ""
+    memory_bytes: int = 0
+    """The engine host's memory (``MemTotal``; under Docker Desktop, its VM's); 0: not reported."""
     apparmor_profile: str | None = None
     """The AppArmor profile the engine's containers run under where the host has AppArmor: ours names Docker's
     ``docker-default``; Podman applies its own ``containers-default-*``. ``None``: not known."""

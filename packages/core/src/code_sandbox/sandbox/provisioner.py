@@ -34,9 +34,10 @@ from code_sandbox.hardening import (
 )
 from code_sandbox.image import VerifiedImages, verification_key, verify_image
 from code_sandbox.image.package_sets import packages_of
+from code_sandbox.limits import MEMORY_BYTES, SANDBOX_BACKING_BYTES, MiB, sessions_backed
 from code_sandbox.liveness import machine_name
 from code_sandbox.profile import Profile
-from code_sandbox.settings import Settings
+from code_sandbox.settings import Settings, SettingsError, env_name
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -112,6 +113,7 @@ class Provisioner:
         image_id = await self._verified_image_id()
         daemon = await run_sync(self.engine.daemon_facts)
         require_enforcement(daemon)
+        require_capacity(daemon, self.settings)
         session_seconds = self.settings.max_lifetime + WATCHDOG_GRACE_SECONDS
         watchdog = await run_sync(runtime_argv, self.engine, self.profile, self.profile.helper_argv("watchdog"))
         # The label is written before the create call, and the container may start as late as the engine's
@@ -242,6 +244,19 @@ def require_enforcement(daemon: DaemonFacts) -> None:
             "the Docker engine does not run Linux containers with seccomp enforced; sandboxes are refused "
             "rather than weakened",
             hint="use Docker Engine or Docker Desktop with Linux containers and its default seccomp profile",
+        )
+
+
+def require_capacity(daemon: DaemonFacts, settings: Settings) -> None:
+    """Refuse a ``CODE_SANDBOX_MAX_SESSIONS`` that the engine host's memory cannot back (``limits.sessions_backed``);
+    an engine that does not report its memory is not judged."""
+    backed = sessions_backed(daemon.memory_bytes)
+    if daemon.memory_bytes and settings.max_sessions > backed:
+        raise SettingsError(
+            env_name("max_sessions"),
+            f"is more than the engine's memory can back: {daemon.memory_bytes / (1024 * MiB):.1f} GiB holds {backed} "
+            f"sandboxes ({SANDBOX_BACKING_BYTES // MiB} MiB each, one of them at its full {MEMORY_BYTES // MiB} MiB)",
+            hint=f"set {env_name('max_sessions')} to {backed} or less, or give the engine more memory",
         )
 
 
