@@ -48,9 +48,23 @@ def engine(request: pytest.FixtureRequest) -> Iterator[DockerEngine]:
     yield from runtime_engine(request.param, worker_tag())
 
 
+HELPER_ROLES = (
+    ("/sbin/docker-init ", "docker-init"), ("/opt/sandbox/watchdog.mjs", "watchdog"),
+    ("/opt/sandbox/runner.mjs --channel", "channel"), ("/opt/sandbox/runner.mjs --supervise", "supervisor"),
+    ("/opt/sandbox/start.mjs", "next run"),
+)  # fmt: skip
+"""What a sandbox runs between calls, by the command line each is started with (the first that matches: docker-init's
+names the watchdog it starts)."""
+
+
+def role(cmdline: str, name: str) -> str:
+    """What a process of a sandbox is, from its command line; anything else by its command name."""
+    return next((role for key, role in HELPER_ROLES if key in cmdline), name)
+
+
 def sandbox_processes(container_id: str, uid: int) -> dict[str, int]:
     """Host processes that belong to one sandbox: inside its container's cgroup, or running as its uid anywhere.
-    Counted by command name and scheduler state (R, S, D, Z, ...)."""
+    Counted by role (:data:`HELPER_ROLES`; anything else by command name) and scheduler state (R, S, D, Z, ...)."""
     states: dict[str, int] = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -61,7 +75,9 @@ def sandbox_processes(container_id: str, uid: int) -> dict[str, int]:
             if str(uid) not in uids and container_id not in Path(f"/proc/{pid}/cgroup").read_text():
                 continue
             stat = Path(f"/proc/{pid}/stat").read_text()
-            key = f"{stat.split('(', 1)[1].rsplit(')', 1)[0]}:{stat.rsplit(')', 1)[1].split()[0]}"
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            name = role(cmdline, stat.split("(", 1)[1].rsplit(")", 1)[0])
+            key = f"{name}:{stat.rsplit(')', 1)[1].split()[0]}"
             states[key] = states.get(key, 0) + 1
     return states
 
@@ -70,12 +86,15 @@ def sandbox_processes(container_id: str, uid: int) -> dict[str, int]:
 # probe of a uid outside every sandbox's range (the probe itself is left out).
 _GVISOR_SURVEY = r"""
 const fs = require('fs');
+const ROLES = JSON.parse(process.argv[1]);
 const states = {};
 for (const pid of fs.readdirSync('/proc')) {
   if (!/^[0-9]+$/.test(pid) || Number(pid) === process.pid) continue;
   try {
     const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
-    const key = `${stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')'))}:${stat.slice(stat.lastIndexOf(')') + 2)[0]}`;
+    const cmdline = fs.readFileSync(`/proc/${pid}/cmdline`, 'latin1').replaceAll('\0', ' ');
+    const name = (ROLES.find(([key]) => cmdline.includes(key)) ?? [null, stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')'))])[1];
+    const key = `${name}:${stat.slice(stat.lastIndexOf(')') + 2)[0]}`;
     states[key] = (states[key] ?? 0) + 1;
   } catch {}
 }
@@ -85,7 +104,7 @@ console.log(JSON.stringify(states));
 
 def gvisor_processes(engine: Engine, container_id: str) -> dict[str, int]:
     """The processes of a gVisor sandbox, as its own kernel lists them, by command name and state."""
-    argv = [readable_runtime("/usr/local/bin/node"), "-e", _GVISOR_SURVEY]
+    argv = [readable_runtime("/usr/local/bin/node"), "-e", _GVISOR_SURVEY, json.dumps(HELPER_ROLES)]
     result = engine.exec(container_id, ExecRequest(argv, user=user_of(PROBE_UID), timeout=30, max_stdout=65536))
     assert result.exit_code == 0, result.stderr
     return cast(dict[str, int], json.loads(result.stdout))
@@ -100,9 +119,10 @@ def _processes(engine: Engine, session: Session) -> dict[str, int]:
 
 
 def _between_runs(states: dict[str, int]) -> bool:
-    """All a sandbox holds between runs: docker-init, the watchdog, and the session's two channels (a runner as the
-    sandbox uid, one as the supervisor), all sleeping, or nothing at all."""
-    return sum(states.values()) <= 4 and all(key.endswith((":S", ":I")) for key in states)
+    """All a sandbox holds between runs: docker-init, the watchdog, the session's two channels (a runner as the sandbox
+    uid, one as the supervisor) and the next run's process, one of each at most, all sleeping; or nothing at all."""
+    allowed = {f"{name}:{state}" for _key, name in HELPER_ROLES for state in ("S", "I")}
+    return all(key in allowed and count == 1 for key, count in states.items())
 
 
 async def assert_nothing_outlives_the_run(engine: Engine, session: Session) -> None:

@@ -225,11 +225,14 @@ class HelperFiles:
     names: Mapping[HelperKind, str]
     missing: str
     hint: str
+    modules: tuple[str, ...] = ()
+    """Files the helpers load or start besides themselves, shipped, copied and verified with them."""
 
     @functools.cached_property
     def sources(self) -> Mapping[str, bytes]:
-        """Each helper's source, by file name."""
-        return read_helpers(self.package, self.names.values(), missing=self.missing, hint=self.hint)
+        """Each helper's (and module's) source, by file name."""
+        names = [*self.names.values(), *self.modules]
+        return read_helpers(self.package, names, missing=self.missing, hint=self.hint)
 
     def path(self, helper: HelperKind) -> str:
         """Where ``helper`` is in the image."""

@@ -35,6 +35,7 @@ HELPERS = HelperFiles(
     package="code_sandbox_javascript.helpers",
     directory="/opt/sandbox",
     names={"watchdog": "watchdog.mjs", "files": "files.mjs", "runner": "runner.mjs"},
+    modules=("start.mjs",),  # the next run's process, which the runner's channel starts ahead of the run
     missing="the in-container helpers are missing from the installed code-sandbox-javascript package",
     hint="reinstall it (uv sync --frozen, or uv tool install code-sandbox-cli --reinstall)",
 )

@@ -27,6 +27,7 @@ from code_sandbox.channel.protocol import (
     RunAnswer,
     RunRequest,
     SurveyAnswer,
+    WaitingRun,
     parse_answer,
     parse_message,
 )
@@ -74,6 +75,8 @@ class ChannelTransport(Transport):
         self._channels: dict[Target, tuple[ExecStream, int]] = {}
         self._contexts: dict[Target, str] = {}
         """Each channel's evaluation context while it lives, paused, between calls: ``pid:start-time``."""
+        self._waiting: dict[Target, str] = {}
+        """Each channel's next run's waiting process, as the channel reported it: ``pid=start-time``."""
         self._supervisors: dict[str, ExecStream] = {}
         self._gates: dict[tuple[str, str], threading.Lock] = {}
         self._closed: OrderedDict[str, None] = OrderedDict()
@@ -181,11 +184,14 @@ class ChannelTransport(Transport):
         self, target: Target, request: RunRequest, *, timeout: float, on_stderr: StderrSink | None = None
     ) -> RunAnswer | Refusal:
         frame = _envelope("run", request)
-        self._forget_context(target)  # the run's cleanup kills it
-        return self._exchange(
+        self._forget_context(target)  # the run's cleanup kills it (and the run takes the waiting process)
+        answer = self._exchange(
             target, [frame], RunAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
             on_stderr=on_stderr,
         )  # fmt: skip
+        if isinstance(answer, RunAnswer) and answer.next is not None:
+            self._remember_waiting(target, answer.next)
+        return answer
 
     def execute(
         self,
@@ -225,9 +231,16 @@ class ChannelTransport(Transport):
         return answer
 
     def _forget_context(self, target: Target) -> None:
-        """A run's cleanup, a kill-all or a dropped channel ends the context: the survey spares it no longer."""
+        """A run's cleanup, a kill-all or a dropped channel ends the context: the survey spares it no longer. Every
+        supervised call ends the waiting process too, or runs the program in it."""
         with self._lock:
             self._contexts.pop(target, None)
+            self._waiting.pop(target, None)
+
+    def _remember_waiting(self, target: Target, waiting: WaitingRun) -> None:
+        with self._lock:
+            if target in self._channels:
+                self._waiting[target] = f"{waiting.pid}={waiting.started}"
 
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
         # Kills every process of the sandbox uid, the channel included; the next call opens a new one.
@@ -260,12 +273,15 @@ class ChannelTransport(Transport):
             opened = self.engine.open_exec(target.container, argv, user=target.user)
             try:
                 deadline = time.monotonic() + OPEN_SECONDS
-                hello = opened.read_line(LineRequest(deadline, max_stdout=4096, max_stderr=4096))
-                pid = parse_message(hello, ChannelHello).pid
+                hello = parse_message(
+                    opened.read_line(LineRequest(deadline, max_stdout=4096, max_stderr=4096)), ChannelHello
+                )
             except BaseException:
                 opened.close()
                 raise
-            self._keep(target.container, opened, lambda: self._channels.__setitem__(target, (opened, pid)))
+            self._keep(target.container, opened, lambda: self._channels.__setitem__(target, (opened, hello.pid)))
+            if hello.next is not None:
+                self._remember_waiting(target, hello.next)
         self._open_supervisor_soon(target.container)
         return opened
 
@@ -273,13 +289,15 @@ class ChannelTransport(Transport):
         with self._lock:
             known = self._channels.get(target)
             context = self._contexts.get(target)
-        spared = [] if known is None else [known[1], *([context] if context is not None else [])]
+            waiting = self._waiting.get(target)
+        spared = [] if known is None else [known[1], *(extra for extra in (context, waiting) if extra is not None)]
         return " ".join(map(str, spared)).encode() + b"\n"
 
     def _drop(self, target: Target) -> None:
         with self._lock:
             known = self._channels.pop(target, None)
             self._contexts.pop(target, None)
+            self._waiting.pop(target, None)
         if known is not None:
             known[0].close()
 

@@ -166,6 +166,14 @@ class Supervised(Answer):
     ``None`` where the counters cannot be read."""
 
 
+class WaitingRun(Message):
+    """The next run's process, which a channel starts ahead of it once a run's leftovers are gone: the survey spares
+    that process (this pid with this start time, in clock ticks after boot) and no other."""
+
+    pid: Annotated[int, Field(ge=1, le=2**32)]
+    started: Annotated[int, Field(ge=0, le=10**15)]
+
+
 class RunAnswer(Supervised):
     """How a program ended, as the runner saw it."""
 
@@ -174,6 +182,8 @@ class RunAnswer(Supervised):
     timed_out: bool
     oom_killed: bool
     oom_detectable: bool
+    next: WaitingRun | None = None
+    """A channel's run: the process it started for the next run after this one's cleanup."""
 
 
 class ThrownError(Message):
@@ -221,9 +231,11 @@ class ReadyAnswer(Answer):
 
 
 class ChannelHello(Answer):
-    """``runner --channel``'s first line: its pid, which the supervisor's survey then spares."""
+    """``runner --channel``'s first line: its pid and the next run's waiting process, which the supervisor's survey
+    then spares."""
 
     pid: Annotated[int, Field(ge=1, le=2**32)]
+    next: WaitingRun | None = None
 
 
 class Progress(Message):

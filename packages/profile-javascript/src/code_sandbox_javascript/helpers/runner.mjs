@@ -20,6 +20,10 @@ import { FILE_OPERATIONS, fileOperation, stdinTaker } from './files.mjs';
 // Nothing is inherited: the host's environment must never reach user code.
 const CHILD_ENV = Object.freeze({ PATH: '/usr/local/bin', HOME: '/workspace', TMPDIR: '/tmp', LANG: 'C.UTF-8' });
 const SEAL_PATH = '/usr/local/lib/code-sandbox/seal.so';
+// The next run's process (start.mjs), started ahead of it by the channel. It serves a request whose argv is the
+// runtime (this node), RUN_FLAGS and a script in /workspace: what the profile's run argv always is.
+const START_PATH = new URL('./start.mjs', import.meta.url).pathname;
+const RUN_FLAGS = ['--disable-proto=throw'];
 const CLEANUP_GRACE_MS = 450; // the documented grace: after it, a process still alive means "cleanup failed"
 const CLEANUP_PAUSE_MS = 20;
 const DRAIN_MS = 100;
@@ -404,19 +408,16 @@ function meter() {
   };
 }
 
-async function run(req) {
-  paused = null; // the cleanup kills the context with the rest
-  const metered = meter();
+// Spawns a program's process: detached, so that it leads a new process group (and session), and one kill reaches
+// its whole group and never the runner. Resolves to {child, exited} once it runs, or null when it could not start.
+async function spawnProgram(argv, extraStdio = []) {
   let child;
   try {
-    // detached: the child leads a new process group (and session), so one kill reaches its whole group and
-    // never the runner.
-    child = spawn(req.argv[0], req.argv.slice(1), {
-      cwd: '/workspace', env: CHILD_ENV, stdio: ['ignore', 'pipe', 'pipe'], detached: true,
+    child = spawn(argv[0], argv.slice(1), {
+      cwd: '/workspace', env: CHILD_ENV, stdio: ['ignore', 'pipe', 'pipe', ...extraStdio], detached: true,
     });
   } catch {
-    metered.stop();
-    return refusal('SPAWN_FAILED');
+    return null;
   }
   // Listen for the exit before anything can await, so it cannot be missed.
   const exited = new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
@@ -425,10 +426,72 @@ async function run(req) {
     child.once('error', () => resolve(false));
   });
   child.on('error', () => {}); // later errors (a failed kill) must not crash the runner
-  if (!spawned) {
+  return spawned ? { child, exited } : null;
+}
+
+// The next run's process while it waits: {child, exited, pid, started}. The channel starts one when it opens and after
+// each run's cleanup (never while user code of this sandbox lives: it is spawned once the leftovers are gone), and
+// ends it before an evaluation, whose context must not share the sandbox with it. The survey spares it by pid and
+// start time, which the channel reports (ChannelHello.next, RunAnswer.next).
+let nextRun = null;
+
+async function prepareNext() {
+  discardNext();
+  const started = await spawnProgram([process.execPath, ...RUN_FLAGS, START_PATH], ['pipe']);
+  if (started === null) return null;
+  const stat = procStat(started.child.pid);
+  const prepared = { ...started, pid: started.child.pid, started: stat?.started };
+  started.exited.then(() => {
+    if (nextRun === prepared) nextRun = null;
+  });
+  started.child.stdio[3].on('error', () => {});
+  nextRun = prepared;
+  if (stat === null) discardNext();
+  return nextRun === null ? null : { pid: nextRun.pid, started: nextRun.started };
+}
+
+function discardNext() {
+  const old = nextRun;
+  nextRun = null;
+  if (old === null) return;
+  try {
+    process.kill(-old.pid, 'SIGKILL');
+  } catch {
+    // already gone
+  }
+  old.child.stdio[3].destroy();
+}
+
+// The waiting process, handed the program if `argv` is one it can run (and it still lives as the process that was
+// started); null otherwise, when it is ended and the program gets a process of its own.
+function takeNext(argv) {
+  const waiting = nextRun;
+  nextRun = null;
+  const fits = argv[0] === process.execPath && RUN_FLAGS.every((flag, i) => argv[i + 1] === flag) &&
+    typeof argv[RUN_FLAGS.length + 1] === 'string' && argv[RUN_FLAGS.length + 1].startsWith('/workspace/');
+  const stat = waiting === null ? null : procStat(waiting.pid);
+  if (waiting === null || !fits || stat === null || stat.started !== waiting.started || !livesOn(stat.state, stat.threads)) {
+    nextRun = waiting;
+    discardNext();
+    return null;
+  }
+  const program = { entrypoint: argv[RUN_FLAGS.length + 1], args: argv.slice(RUN_FLAGS.length + 2) };
+  const body = Buffer.from(JSON.stringify(program), 'utf8');
+  const head = Buffer.alloc(4);
+  head.writeUInt32BE(body.length, 0);
+  waiting.child.stdio[3].end(Buffer.concat([head, body]));
+  return waiting;
+}
+
+async function run(req) {
+  paused = null; // the cleanup kills the context with the rest
+  const metered = meter();
+  const started = takeNext(req.argv) ?? await spawnProgram(req.argv);
+  if (started === null) {
     metered.stop();
     return refusal('SPAWN_FAILED');
   }
+  const { child, exited } = started;
 
   const killGroup = () => {
     try {
@@ -460,6 +523,7 @@ async function run(req) {
   await Promise.race([Promise.all([closed(child.stdout), closed(child.stderr)]), sleep(DRAIN_MS)]);
   child.stdout.destroy();
   child.stderr.destroy();
+  child.stdio[3]?.destroy(); // the waiting process's: it closed its end before the program ran
   const oomKilled = metered.oomKilled();
   return {
     ...supervised(out, err, durationMs, leftovers, usage),
@@ -514,9 +578,11 @@ function sealed() {
 // or read): after a run, any such process outlived it. A status that cannot be read counts as alive; a process that
 // vanished between listing and reading means the process table changed under us, so we look again, and a table
 // that keeps changing (something still forks and exits) counts as alive too.
-// `spared` are the session's channel (a runner of the sandbox uid that lives on between runs), by pid, and its
-// evaluation context if one is paused between calls, by pid and start time, which the host learned from the channel's
-// answers; they are the only processes not counted, and the context only while it is stopped and is that process.
+// `spared` are the session's channel (a runner of the sandbox uid that lives on between runs), by pid, its
+// evaluation context if one is paused between calls, by pid and start time, and the next run's waiting process (which
+// the channel starts once a run's leftovers are gone) by pid and start time, all of which the host learned from the
+// channel's answers; they are the only processes not counted, the context only while it is stopped and is that process,
+// and the waiting process only while it is that process.
 const SURVEY_SCANS = 5;
 function survey(spared) {
   const own = process.getuid();
@@ -527,7 +593,9 @@ function survey(spared) {
       if (!/^[0-9]+$/.test(name) || Number(name) === process.pid) continue;
       const exempt = spared.find((entry) => entry.pid === Number(name));
       if (exempt !== undefined && exempt.started === null) continue;
-      if (exempt !== undefined) {
+      if (exempt !== undefined && exempt.waiting) {
+        if (procStat(exempt.pid)?.started === exempt.started) continue;
+      } else if (exempt !== undefined) {
         const stat = procStat(exempt.pid);
         if (stat !== null && stat.state === 'T' && stat.started === exempt.started && allStopped(exempt.pid)) continue;
       }
@@ -547,12 +615,13 @@ function survey(spared) {
   return 1;
 }
 
-// A survey line: empty, or what to spare: the channel's pid, then its paused context's as pid:start-time.
-const SPARED_LINE = /^(|[1-9][0-9]{0,9}( [1-9][0-9]{0,9}:[0-9]{1,15})?)$/;
-const MAX_SPARED_LINE = 48;
+// A survey line: empty, or what to spare: the channel's pid, then its paused context's as pid:start-time, then the
+// next run's waiting process as pid=start-time.
+const SPARED_LINE = /^(|[1-9][0-9]{0,9}( [1-9][0-9]{0,9}:[0-9]{1,15})?( [1-9][0-9]{0,9}=[0-9]{1,15})?)$/;
+const MAX_SPARED_LINE = 80;
 const sparedPids = (line) => (line === '' ? [] : line.split(' ').map((item) => {
-  const [pid, started] = item.split(':');
-  return { pid: Number(pid), started: started === undefined ? null : Number(started) };
+  const [pid, started] = item.split(/[:=]/);
+  return { pid: Number(pid), started: started === undefined ? null : Number(started), waiting: item.includes('=') };
 }));
 
 // Waits for one line on stdin, which releases the survey. Returns {spared}, or null when stdin ends first (the
@@ -716,6 +785,7 @@ function contextAnswer(line, nonce) {
 
 async function evaluate(req) {
   paused = null; // resumed below, or ended
+  discardNext(); // a context is user code that lives on: nothing of a later run may share the sandbox with it
   const metered = meter();
   if (context !== null && (req.reset || !isAlive(context.pid))) {
     const old = context;
@@ -953,8 +1023,10 @@ async function channel() {
     return { buf, got, complete };
   };
   const send = (obj) => new Promise((done) => process.stdout.write(`${JSON.stringify(obj)}\n`, done));
-  // The first line names this process, so that the supervisor's survey can spare it (and only it) after a run.
-  await send({ ok: true, pid: process.pid });
+  // The first line names this process and the next run's, so that the supervisor's survey can spare them (and only
+  // them) after a run.
+  const first = await prepareNext();
+  await send({ ok: true, pid: process.pid, ...(first === null ? {} : { next: first }) });
   const initial = ownState();
   for (;;) {
     const head = await exact(4);
@@ -982,6 +1054,10 @@ async function channel() {
     if (envelope.op === 'run') {
       const req = validRequest(envelope.request);
       result = req === null ? refusal('INVALID_REQUEST') : await run(req);
+      if (result.ok !== false && result.cleanup === 'ok') {
+        const next = await prepareNext();
+        if (next !== null) result.next = next;
+      }
     } else if (envelope.op === 'execute') {
       result = await execute(envelope.request, take);
     } else if (envelope.op === 'evaluate') {
