@@ -10,6 +10,7 @@ import pytest
 from code_sandbox.channel.protocol import ReadyAnswer
 from code_sandbox.channel.transport import HelperExecs, Target
 from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.engine import Engine
 from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
@@ -25,6 +26,8 @@ from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.settings import Settings
 
 from tests.conftest import TEST_LABEL
+from tests.support.clock import FakeClock
+from tests.support.forwarding_engine import ForwardingEngine
 from tests.support.pool import running_pool
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
@@ -111,3 +114,40 @@ def test_an_unclaimed_warm_container_dies_by_itself_and_a_claim_gives_a_full_lif
     engine.signal_container(claimed, CLAIM_SIGNAL)
     stopped_at = _wait_until_stopped(engine, claimed, claimed_at + session_seconds + 3)
     assert stopped_at - claimed_at >= session_seconds - 0.5  # and it had its full session lifetime from the claim
+
+
+class _CountedSignals(ForwardingEngine):
+    """The test's engine, noting every signal sent to a container."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.signals: list[tuple[str, str]] = []
+
+    def signal_container(self, container_id: str, signal: str) -> None:
+        self.signals.append((container_id, signal))
+        self.inner.signal_container(container_id, signal)
+
+
+async def test_a_one_shot_takes_a_warm_container_unclaimed_when_its_own_lifetime_covers_the_run(
+    engine: DockerEngine, profile: Profile, image_id: str
+) -> None:
+    """A one-shot is needed for its run only: a warm container with that long left is used as it is, without the claim
+    signal's round trip; one with less left is claimed, as for any session."""
+    del image_id
+    counted = _CountedSignals(engine)
+    clock = FakeClock()
+    manager = SessionManager(counted, profile, SETTINGS, clock=clock)
+    async with running_pool(manager):
+        (warm,) = manager.pool.warm_containers
+        session = await manager.create(needed_seconds=USABLE_SECONDS)
+        assert session.container_id == warm and counted.signals == []
+        assert session.deadline == USABLE_SECONDS  # its own end, not a session's lifetime from now
+        await write_files(manager, session.id, [("a.js", "console.log(1)")], overwrite=False)
+        assert (await run_entrypoint(manager, session.id, "a.js", [], timeout_seconds=5)).stdout == "1\n"
+        with anyio.fail_after(30):
+            await manager.pool.wait_for_pool()
+        (refill,) = manager.pool.warm_containers
+        clock.advance(1)  # the refill was made at 0: it has USABLE_SECONDS - 1 left, less than needed
+        claimed = await manager.create(needed_seconds=USABLE_SECONDS)
+        assert claimed.container_id == refill and counted.signals == [(refill, CLAIM_SIGNAL)]
+        assert claimed.deadline == 1 + SETTINGS.max_lifetime

@@ -26,7 +26,9 @@ from code_sandbox.hardening import (
 from code_sandbox.image import VerifiedImages, verify_image
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox import provisioner
-from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.evaluation import evaluate_code
+from code_sandbox.sandbox.execution import run_entrypoint
+from code_sandbox.sandbox.sessions import HELPERS_IDLE_SECONDS, Session, SessionManager
 from code_sandbox.sandbox.sweep import sweep_managed
 from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.seccomp import profile_text
@@ -35,6 +37,7 @@ from code_sandbox_cli.main import app
 from typer.testing import CliRunner
 
 from tests.conftest import TEST_LABEL, WORKER_TAG
+from tests.security.conftest import sandbox_processes
 from tests.support.clock import FakeClock
 from tests.support.images import start_container
 from tests.support.inspect import inspect_container
@@ -130,7 +133,7 @@ async def test_container_settings_match_the_hardening_snapshot(
     assert sorted(config["Env"]) == ["HOME=/workspace", "LANG=C.UTF-8", "PATH=/usr/local/bin", "TMPDIR=/tmp"]
     # The entrypoint is ours, so neither the image's entrypoint nor its command applies; no health check runs.
     assert config["Entrypoint"] == ["/usr/local/bin/node"]
-    assert config["Cmd"] == ["--disable-sigusr1", "/opt/sandbox/watchdog.mjs", "62"]
+    assert config["Cmd"] == ["--disable-sigusr1", "--jitless", "/opt/sandbox/watchdog.mjs", "62"]
     assert config["Healthcheck"] == {"Test": ["NONE"]}
     labels = config["Labels"]
     assert labels["io.code-sandbox.managed"] == "true"
@@ -346,3 +349,62 @@ async def test_a_sandbox_not_from_the_pool_has_its_channel_opened_before_its_fir
         while not any(command.endswith("--channel") for command in await anyio.to_thread.run_sync(commands)):  # noqa: ASYNC110
             await anyio.sleep(0.05)
     assert await write_files(manager, session.id, [("a.txt", "x")], overwrite=False) == ["written"]
+
+
+# -- an idle session's helpers ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def resting_manager(
+    engine: DockerEngine, profile: Profile, clock: FakeClock, image_id: str
+) -> AsyncIterator[SessionManager]:
+    """A manager whose sessions outlive :data:`HELPERS_IDLE_SECONDS` of idleness (on the fake clock)."""
+    del image_id
+    settings = Settings(max_lifetime=600, idle_timeout=300, max_sessions=2, default_timeout=5, max_timeout=20)
+    manager = SessionManager(engine, profile, settings, clock=clock)
+    yield manager
+    await manager.shutdown()
+
+
+async def _roles(session: Session, want: set[str]) -> set[str]:
+    """The roles of the sandbox's processes once they are ``want`` (or whatever they are after 20 s)."""
+    roles: set[str] = set()
+    with anyio.move_on_after(20):
+        while (roles := {key.split(":")[0] for key in sandbox_processes(session.container_id, session.uid)}) != want:  # noqa: ASYNC110
+            await anyio.sleep(0.1)
+    return roles
+
+
+BUSY = {"docker-init", "watchdog", "channel", "supervisor", "next run"}
+
+
+async def test_an_idle_session_lets_go_of_its_helpers_and_its_next_call_opens_them_again(
+    resting_manager: SessionManager, clock: FakeClock
+) -> None:
+    manager = resting_manager
+    session = await manager.create()
+    await write_files(manager, session.id, [("index.js", "console.log('hello')")], overwrite=False)
+    assert (await run_entrypoint(manager, session.id, "index.js", [], timeout_seconds=10)).stdout == "hello\n"
+    assert await _roles(session, BUSY) == BUSY
+    clock.advance(HELPERS_IDLE_SECONDS - 1)
+    await manager.reap_once()
+    assert await _roles(session, BUSY) == BUSY  # not idle long enough yet
+    clock.advance(1)
+    await manager.reap_once()
+    assert await _roles(session, {"docker-init", "watchdog"}) == {"docker-init", "watchdog"}
+    # The next call opens what it needs again; the workspace is as it was.
+    assert (await run_entrypoint(manager, session.id, "index.js", [], timeout_seconds=10)).stdout == "hello\n"
+    assert await _roles(session, BUSY) == BUSY
+    assert len(manager) == 1
+
+
+async def test_a_session_with_an_evaluation_context_keeps_it_while_idle(
+    resting_manager: SessionManager, clock: FakeClock
+) -> None:
+    manager = resting_manager
+    session = await manager.create()
+    await evaluate_code(manager, session.id, "globalThis.kept = 41", timeout_seconds=5, reset=False)
+    clock.advance(HELPERS_IDLE_SECONDS)
+    await manager.reap_once()
+    result = await evaluate_code(manager, session.id, "kept + 1", timeout_seconds=5, reset=False)
+    assert result.value == "42" and not result.context_reset

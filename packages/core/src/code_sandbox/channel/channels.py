@@ -94,6 +94,15 @@ class ChannelTransport(Transport):
         with untrusted():
             self._open(target, first_only=True)
 
+    def rest(self, target: Target) -> None:
+        """Close the channel (its runner ends, and the next run's process with it) and the supervisor's exec, unless an
+        evaluation context lives: that is the user's state, and only its channel may spare it."""
+        with self._lock:
+            if target in self._contexts:
+                return
+        self._drop(target)
+        self._drop_supervisor(target.container)
+
     def close(self, container: str) -> None:
         with self._lock:
             self._remember_closed([container])

@@ -406,6 +406,10 @@ class RuntimeTransport(Transport):
     def prepare(self, target: Target) -> None:
         self.chosen.prepare(target)
 
+    def rest(self, target: Target) -> None:
+        if self._chosen is not None:
+            self._chosen.rest(target)
+
     def close(self, container: str) -> None:
         if self._chosen is not None:
             self._chosen.close(container)

@@ -152,6 +152,10 @@ class Transport(abc.ABC):
         """Get ready to serve ``target`` (open what a first call would open), so that the first call is fast."""
         del target
 
+    def rest(self, target: Target) -> None:  # noqa: B027 - deliberately empty: only a transport that holds something
+        """The target's session is idle: let go of what is held for it between calls (the next call opens it again).
+        Never called while a call of the session is under way."""
+
     def close(self, container: str) -> None:
         """Forget a container: it is being removed."""
         del container

@@ -64,8 +64,13 @@ class WarmPool:
         finally:
             self._waiting -= 1
 
-    async def claim(self) -> Provisioned | None:
-        """Hand out a warm container, at most once: its watchdog switches to the session's lifetime from now."""
+    async def claim(self, needed_seconds: float | None = None) -> Provisioned | None:
+        """Hand out a warm container, at most once: its watchdog switches to the session's lifetime from now.
+
+        With ``needed_seconds`` (a one-shot's whole life, bounded by its run's timeout), a container that has that long
+        left as it is gets no claim signal: it keeps its own, earlier end (``Provisioned.ends_by``), and the call is
+        spared the signal's round trip through the engine.
+        """
         while self._pool:
             pooled = self._pool.pop(0)
             self._pool_changed.set()
@@ -73,6 +78,8 @@ class WarmPool:
             if self.clock() >= pooled.usable_until:
                 await self.provisioner.discard(container_id)
                 continue
+            if needed_seconds is not None and pooled.usable_until - self.clock() >= needed_seconds:
+                return pooled.made._replace(ends_by=pooled.usable_until)
             try:
                 await run_sync(self.provisioner.engine.signal_container, container_id, CLAIM_SIGNAL)
             except SandboxError:

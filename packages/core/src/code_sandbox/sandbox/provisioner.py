@@ -61,6 +61,9 @@ class Provisioned(NamedTuple):
     container_id: str
     uid: int
     packages: tuple[str, ...] = ()
+    ends_by: float | None = None
+    """A warm container handed out unclaimed (:meth:`WarmPool.claim` with ``needed_seconds``): when, on the manager's
+    clock, its watchdog ends it (with the pool's margin); ``None``: a session's full lifetime from now."""
 
 
 def draw_uid() -> int:

@@ -36,6 +36,10 @@ from code_sandbox.settings import Settings
 logger = logging.getLogger(__name__)
 
 
+ONE_SHOT_MARGIN_SECONDS = 30.0
+"""A one-shot sandbox is needed for its run's timeout and this much more (the host's grace, cleanup, the survey)."""
+
+
 class SandboxService:
     """Everything a server needs to serve sandboxes for one profile, apart from the protocol."""
 
@@ -121,7 +125,8 @@ class SandboxService:
         program = prepare_program(self.manager, entrypoint, arguments, timeout_seconds=timeout_seconds)
         if program.entrypoint not in (path for path, _data in write.files):
             raise SandboxError(ErrorCode.INVALID_REQUEST, "the entrypoint must be one of the files")
-        session = await self.manager.create()
+        # The one-shot's whole life: its run, the host's grace past the run's deadline, and its cleanup's proof.
+        session = await self.manager.create(needed_seconds=program.timeout_seconds + ONE_SHOT_MARGIN_SECONDS)
         if on_created is not None:
             on_created(session)
         try:

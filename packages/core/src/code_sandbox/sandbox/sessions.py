@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 REAPER_INTERVAL_SECONDS = 2.0
 SHUTDOWN_SECONDS = 8.0
 LOST_CONTAINER_GRACE_SECONDS = 1.0
+HELPERS_IDLE_SECONDS = 30.0
+"""A session unused this long lets go of what its sandbox holds between calls (``Transport.rest``): the channel, the
+next run's process and the supervisor's exec, about three idle runtimes; the watchdog alone is left. The next call
+opens them again, which costs it one exec."""
 REMOVAL_WAIT_SECONDS = 10.0
 """How long a create at the cap waits for sandboxes already on their way out (:meth:`SessionManager.stop`)."""
 STOP_SIGNAL = "SIGTERM"
@@ -66,6 +70,8 @@ class Session:
     ``destroying``: removal started, or failed and is retried by the reaper."""
     removing: bool = False
     """Whether a removal of its container is under way now."""
+    rested: bool = False
+    """Whether its helpers were let go of since its last call (:data:`HELPERS_IDLE_SECONDS`)."""
 
     @property
     def hash(self) -> str:
@@ -142,6 +148,7 @@ class SessionManager:
                 await self._destroy_quietly(session)
                 raise SandboxError(ErrorCode.SESSION_EXPIRED, "this sandbox expired and has been destroyed")
             session.last_used = self.clock()
+            session.rested = False
             try:
                 yield session
             finally:
@@ -161,8 +168,12 @@ class SessionManager:
 
     # -- create -------------------------------------------------------------------------------------------------
 
-    async def create(self) -> Session:
-        """Start a new sandbox container from the verified image (or claim a warm one)."""
+    async def create(self, *, needed_seconds: float | None = None) -> Session:
+        """Start a new sandbox container from the verified image (or claim a warm one).
+
+        :param needed_seconds: how long the session is needed at most (a one-shot's): a warm container with that long
+            left is handed out without a claim, its lifetime its own (:meth:`WarmPool.claim`).
+        """
         if self._closing:
             raise _shutting_down()
         await self._wait_for_removals()
@@ -180,13 +191,15 @@ class SessionManager:
             # Shielded: a cancellation must not lose the ID of a container that was created (or claimed) anyway.
             made, claimed = Provisioned("", 0), None
             with anyio.CancelScope(shield=True):
-                claimed = await self.pool.claim()
+                claimed = await self.pool.claim(needed_seconds)
                 made = claimed or await self.provisioner.create_container(session_hash(session_id))
         except BaseException:
             self._sessions.pop(session_id, None)
             raise
         now_wall, now = time.time(), self.clock()
         container_id, uid = made.container_id, made.uid
+        if made.ends_by is not None:
+            lifetime = made.ends_by - now
         session = Session(session_id, container_id, now_wall + lifetime, now + lifetime, now, uid, made.packages)
         self._sessions[session_id] = session
         try:
@@ -336,7 +349,26 @@ class SessionManager:
                 with contextlib.suppress(SandboxError):
                     await self._remove(session)
                     removed += 1
+            elif self._resting(session, now):
+                await self._rest(session)
         return removed
+
+    def _resting(self, session: Session, now: float) -> bool:
+        """Whether an active session has been idle long enough to let go of its helpers, and has not yet."""
+        idle = now - session.last_used >= HELPERS_IDLE_SECONDS
+        return session.state == "active" and idle and not session.rested
+
+    async def _rest(self, session: Session) -> None:
+        """Let go of an idle session's helpers, holding its lease so that no call starts meanwhile."""
+        if session.lock.locked():
+            return  # a call is under way: it is not idle
+        async with session.lock:
+            if not self._resting(session, self.clock()):
+                return
+            session.rested = True
+            target = Target(session.container_id, session.user)
+            await run_sync(self.provisioner.transport.rest, target)
+            logger.info("session %s idle: its helpers were let go of until its next call", session.hash)
 
     async def run_reaper(self, interval: float = REAPER_INTERVAL_SECONDS) -> None:
         while True:
