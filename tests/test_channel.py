@@ -479,3 +479,53 @@ async def test_a_text_read_that_is_not_the_bytes_asked_for_destroys_the_sandbox(
         await read_file(sandboxes, "only", "t.txt", max_bytes=100)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED
     assert sandboxes.destroyed == [ErrorCode.TRANSFER_FAILED]
+
+
+class _ScriptedChannel(_HelloEngine):
+    """A channel whose far end has said its hello (naming a waiting process) and then answers, in order, the lines
+    given: what the host reads for each request it sends."""
+
+    def __init__(self, hello: bytes, *answers: bytes) -> None:
+        super().__init__()
+        self.hello, self.answers = hello, answers
+
+    def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
+        if "--supervise" in argv:
+            raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "not in this test")
+        host, helper = socket.socketpair()
+        self.ends += [host, helper]
+        helper.sendall(_frame(1, self.hello))
+        for line in self.answers:
+            helper.sendall(_frame(1, line) + _frame(2, b'{"end":true}\n'))
+        return HeldExec(host, host)
+
+
+def test_the_survey_spares_exactly_the_waiting_process_the_last_answer_named(profile: Profile) -> None:
+    """The waiting process a hello names is the one the next run uses: a run that opened the channel itself (racing
+    the opener of a new sandbox, or after a kill-all) must not leave the host sparing it afterwards, as the process
+    the program ran in; only the process the run's own answer names is spared next."""
+    hello = b'{"ok":true,"pid":7,"next":{"pid":9,"started":100}}\n'
+    plain = run_answer().model_dump_json().encode() + b"\n"
+    named = run_answer(next={"pid": 11, "started": 200}).model_dump_json().encode() + b"\n"
+    request = RunRequest(argv=["node", "x.js"], timeout_ms=1000, stdout_cap=10, stderr_cap=10, stream=False)
+    engine = _ScriptedChannel(hello, plain, named)
+    transport = ChannelTransport(engine, profile)
+    target = Target("c", "1000:1000")
+    try:
+        assert isinstance(transport.run(target, request, timeout=5), RunAnswer)  # it opened the channel itself
+        assert transport._survey_line(target) == b"7\n"  # pyright: ignore[reportPrivateUsage]
+        assert isinstance(transport.run(target, request, timeout=5), RunAnswer)
+        assert transport._survey_line(target) == b"7 11=200\n"  # pyright: ignore[reportPrivateUsage]
+    finally:
+        transport.close_all()
+        for end in engine.ends:
+            end.close()
+    engine = _ScriptedChannel(hello)
+    transport = ChannelTransport(engine, profile)
+    try:
+        transport.prepare(target)
+        assert transport._survey_line(target) == b"7 9=100\n"  # pyright: ignore[reportPrivateUsage]
+    finally:
+        transport.close_all()
+        for end in engine.ends:
+            end.close()

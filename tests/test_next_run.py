@@ -5,6 +5,8 @@ survey spares that process and nothing that only looks like it."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import anyio
@@ -131,6 +133,21 @@ async def test_the_survey_spares_the_waiting_process_only_by_its_pid_and_start_t
     assert survey(f"{channel} {waiting}={started}") == 0
     assert survey(f"{channel} {waiting}={started + 1}") == 1
     assert survey(f"{channel}") == 1
+    assert survey(f"1 {waiting}={started}") == 2  # not the named channel's child: counted (and the channel too)
+
+
+@pytest.mark.parametrize("fault", [signal.SIGSTOP, signal.SIGKILL])
+async def test_a_waiting_process_that_was_stopped_or_died_is_not_used(
+    manager: SessionManager, session: Session, fault: signal.Signals
+) -> None:
+    """A waiting process that cannot take the program (stopped, or gone: a bug, or the OOM killer) is ended and the
+    program gets a fresh process: its run never times out in a stopped process or reports another's end."""
+    await run(manager, session, "main.js", "console.log(1)")
+    host_pid = await anyio.to_thread.run_sync(_host_pid_of, session, b"/opt/sandbox/start.mjs")
+    os.kill(host_pid, fault)
+    result = await run(manager, session, "main.js", "console.log('fresh')")
+    assert (result.stdout, result.exit_code, result.timed_out) == ("fresh\n", 0, False)
+    assert _waiting(session) == 1  # and a new one waits for the run after
 
 
 def _waiting(session: Session) -> int:
@@ -139,17 +156,22 @@ def _waiting(session: Session) -> int:
     return sum(count for key, count in states.items() if key.startswith("next run:"))
 
 
-def _process_of(session: Session, marker: bytes) -> tuple[int, int]:
-    """The sandbox's one process whose command line holds ``marker``: its pid in the container's pid namespace (the
-    last of NSpid) and its start time (clock ticks after boot)."""
+def _host_pid_of(session: Session, marker: bytes) -> int:
+    """The host pid of the sandbox's one process whose command line holds ``marker``."""
     for entry in Path("/proc").iterdir():
         try:
-            found = marker in (entry / "cmdline").read_bytes()
-            found = found and session.container_id.encode() in (entry / "cgroup").read_bytes()
-            if found:
-                status = (entry / "status").read_text()
-                inner = int(next(line for line in status.splitlines() if line.startswith("NSpid:")).split()[-1])
-                return inner, int((entry / "stat").read_text().rsplit(")", 1)[1].split()[19])
+            mine = session.container_id.encode() in (entry / "cgroup").read_bytes()
+            if mine and marker in (entry / "cmdline").read_bytes():
+                return int(entry.name)
         except (OSError, ValueError):
             continue
     raise AssertionError("no such process in the sandbox")
+
+
+def _process_of(session: Session, marker: bytes) -> tuple[int, int]:
+    """That process's pid in the container's pid namespace (the last of NSpid) and its start time (clock ticks after
+    boot)."""
+    entry = Path(f"/proc/{_host_pid_of(session, marker)}")
+    status = (entry / "status").read_text()
+    inner = int(next(line for line in status.splitlines() if line.startswith("NSpid:")).split()[-1])
+    return inner, int((entry / "stat").read_text().rsplit(")", 1)[1].split()[19])

@@ -198,8 +198,7 @@ class ChannelTransport(Transport):
             target, [frame], RunAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
             on_stderr=on_stderr,
         )  # fmt: skip
-        if isinstance(answer, RunAnswer) and answer.next is not None:
-            self._remember_waiting(target, answer.next)
+        self._set_waiting(target, answer.next if isinstance(answer, RunAnswer) else None)
         return answer
 
     def execute(
@@ -219,6 +218,7 @@ class ChannelTransport(Transport):
         )  # fmt: skip
         if isinstance(answer, Refusal):
             self._drop(target)  # the channel ends after refusing a one-shot; a later call opens a new one
+        self._set_waiting(target, None)  # it ran the program, or was ended: the channel starts none after a one-shot
         return answer
 
     def supports_evaluation(self) -> bool:
@@ -233,6 +233,7 @@ class ChannelTransport(Transport):
             target, [frame], EvaluateAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
             on_stderr=on_stderr,
         )  # fmt: skip
+        self._set_waiting(target, None)  # an evaluation ends it first
         if isinstance(answer, EvaluateAnswer) and answer.context_pid is not None and answer.context_started is not None:
             with self._lock:
                 if target in self._channels:
@@ -250,6 +251,15 @@ class ChannelTransport(Transport):
         with self._lock:
             if target in self._channels:
                 self._waiting[target] = f"{waiting.pid}={waiting.started}"
+
+    def _set_waiting(self, target: Target, waiting: WaitingRun | None) -> None:
+        """After a supervised call: the waiting process is exactly the one its answer names, or none. Whatever was
+        noted before the call (a hello read while the call opened the channel) was used or ended by it."""
+        if waiting is not None:
+            self._remember_waiting(target, waiting)
+        else:
+            with self._lock:
+                self._waiting.pop(target, None)
 
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
         # Kills every process of the sandbox uid, the channel included; the next call opens a new one.

@@ -146,7 +146,7 @@ function procStat(pid, tid = null) {
     const stat = fs.readFileSync(tid === null ? `/proc/${pid}/stat` : `/proc/${pid}/task/${tid}/stat`, 'latin1');
     const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     return {
-      state: fields[0], threads: Number(fields[17]), started: Number(fields[19]),
+      state: fields[0], ppid: Number(fields[1]), threads: Number(fields[17]), started: Number(fields[19]),
       ran: [fields[7], fields[9], fields[11], fields[12]].join(' '), // minflt majflt utime stime
     };
   } catch {
@@ -462,15 +462,18 @@ function discardNext() {
   old.child.stdio[3].destroy();
 }
 
-// The waiting process, handed the program if `argv` is one it can run (and it still lives as the process that was
-// started); null otherwise, when it is ended and the program gets a process of its own.
-function takeNext(argv) {
+// The waiting process, handed the program if `argv` is one it can run, it still lives as the process that was started
+// (running or asleep, never stopped), and it says it took the program (one byte back on fd 3, before it closes fd 3
+// and runs it); null otherwise, when it is ended and the program gets a process of its own: a waiting process that
+// died meanwhile (a bug, or the OOM killer) never has its end reported as the program's.
+async function takeNext(argv) {
   const waiting = nextRun;
   nextRun = null;
   const fits = argv[0] === process.execPath && RUN_FLAGS.every((flag, i) => argv[i + 1] === flag) &&
     typeof argv[RUN_FLAGS.length + 1] === 'string' && argv[RUN_FLAGS.length + 1].startsWith('/workspace/');
   const stat = waiting === null ? null : procStat(waiting.pid);
-  if (waiting === null || !fits || stat === null || stat.started !== waiting.started || !livesOn(stat.state, stat.threads)) {
+  const usable = stat !== null && stat.started === waiting.started && ['R', 'S'].includes(stat.state);
+  if (waiting === null || !fits || !usable) {
     nextRun = waiting;
     discardNext();
     return null;
@@ -479,14 +482,26 @@ function takeNext(argv) {
   const body = Buffer.from(JSON.stringify(program), 'utf8');
   const head = Buffer.alloc(4);
   head.writeUInt32BE(body.length, 0);
-  waiting.child.stdio[3].end(Buffer.concat([head, body]));
+  const socket = waiting.child.stdio[3];
+  const took = new Promise((resolve) => {
+    socket.once('data', () => resolve(true));
+    socket.once('end', () => resolve(false));
+    waiting.exited.then(() => resolve(false));
+  });
+  socket.write(Buffer.concat([head, body]));
+  if (!(await took)) {
+    nextRun = waiting;
+    discardNext();
+    return null;
+  }
+  socket.destroy();
   return waiting;
 }
 
 async function run(req) {
   paused = null; // the cleanup kills the context with the rest
   const metered = meter();
-  const started = takeNext(req.argv) ?? await spawnProgram(req.argv);
+  const started = (await takeNext(req.argv)) ?? await spawnProgram(req.argv);
   if (started === null) {
     metered.stop();
     return refusal('SPAWN_FAILED');
@@ -586,6 +601,7 @@ function sealed() {
 const SURVEY_SCANS = 5;
 function survey(spared) {
   const own = process.getuid();
+  const channelPid = spared.find((entry) => entry.started === null)?.pid ?? null;
   for (let scan = 0; scan < SURVEY_SCANS; scan += 1) {
     let alive = 0;
     let vanished = 0;
@@ -594,7 +610,9 @@ function survey(spared) {
       const exempt = spared.find((entry) => entry.pid === Number(name));
       if (exempt !== undefined && exempt.started === null) continue;
       if (exempt !== undefined && exempt.waiting) {
-        if (procStat(exempt.pid)?.started === exempt.started) continue;
+        // Only the channel's own child with the start time the channel announced: no leftover of a run is either.
+        const stat = procStat(exempt.pid);
+        if (stat !== null && stat.started === exempt.started && stat.ppid === channelPid) continue;
       } else if (exempt !== undefined) {
         const stat = procStat(exempt.pid);
         if (stat !== null && stat.state === 'T' && stat.started === exempt.started && allStopped(exempt.pid)) continue;

@@ -1,7 +1,8 @@
 // The next run of a sandbox, started ahead of it: the runner's channel spawns this as the sandbox uid, with the argv,
 // environment, working directory and process group a program gets, once the previous run's leftovers are gone. It
 // boots Node and blocks on fd 3, where the channel writes one frame when a run request names a program: the
-// entrypoint's path and its arguments (4-byte big-endian length, then JSON). Then fd 3 is closed and the program runs
+// entrypoint's path and its arguments (4-byte big-endian length, then JSON). It answers one byte (taken), then fd 3 is
+// closed and the program runs
 // as Node runs a main script (`module.runMain`: CommonJS or ESM, TypeScript stripped), with `process.argv` as a fresh
 // `node <flags> <entrypoint> <args...>` has it. Nothing of ours is left for the program but what Node itself loaded.
 // It never ran user code before that frame: a process is used for one run only. End of fd 3 first: exit quietly.
@@ -41,8 +42,9 @@ try {
 } catch {
   process.exit(70); // EX_SOFTWARE: the channel wrote what it never writes
 }
-fs.closeSync(3);
 if (next === null) process.exit(0);
+fs.writeSync(3, '+'); // taken: from here on the channel reports this process's end as the program's
+fs.closeSync(3);
 process.argv = [process.argv[0], next.entrypoint, ...next.args];
 // From a tick of its own, so that no frame of this file is on the program's stack (its errors read as Node's own).
 process.nextTick(runMain, next.entrypoint);
