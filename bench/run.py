@@ -17,6 +17,7 @@ import platform
 import shutil
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,14 +33,17 @@ from code_sandbox.hardening import ENVIRONMENT, LABEL_EXPIRES_AT, LABEL_MANAGED,
 from code_sandbox.hardening import environment as fixed_environment
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.sandbox.execution import run_entrypoint
-from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.sessions import HELPERS_IDLE_SECONDS, REAPER_INTERVAL_SECONDS, Session, SessionManager
 from code_sandbox.sandbox.supervision import verify_cleanup
 from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.settings import Settings, load_settings
+from code_sandbox.timeline import PREFIX
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 RESULTS = Path(__file__).parent / "results"
+TURN_SECONDS = 0.2
+"""The pause before a repeated call: far shorter than a model's turn, long enough for what a call starts ahead."""
 SMALL_FILE = [{"path": "index.js", "content": "console.log('hello')"}]
 HUNDRED_FILES = [{"path": f"src/f{i:02}.js", "content": "x" * 10240} for i in range(98)]  # + src/ + index.js
 
@@ -159,7 +163,9 @@ async def core_api(iterations: int, warm_pool: int) -> dict[str, list[float]]:
     settings = Settings(max_sessions=3, warm_pool=warm_pool, runtime=load_settings().runtime)
     profile = select_profile(create_plugin_manager(), None)
     manager = SessionManager(DockerEngine.for_settings(settings), profile, settings)
-    samples: dict[str, list[float]] = {"create": [], "run hello": [], "cleanup survey": [], "destroy": []}
+    samples: dict[str, list[float]] = {
+        "create": [], "run hello": [], "run hello again": [], "cleanup survey": [], "destroy": []
+    }  # fmt: skip
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(manager.pool.run)
@@ -171,27 +177,34 @@ async def core_api(iterations: int, warm_pool: int) -> dict[str, list[float]]:
                 await atimed(
                     samples["run hello"], run_entrypoint(manager, session.id, "index.js", [], timeout_seconds=10)
                 )
+                await anyio.sleep(TURN_SECONDS)  # the next run of an iterating client, a turn later
+                await atimed(
+                    samples["run hello again"], run_entrypoint(manager, session.id, "index.js", [], timeout_seconds=10)
+                )
                 # A survey started and read at once, as after a cancel; a run starts its own beside the program.
                 async with manager.channel(session.id) as channel:
                     await atimed(samples["cleanup survey"], verify_cleanup(channel))
-                await atimed(samples["destroy"], manager.destroy(session.id))
+                # What destroy_sandbox waits for (the removal is confirmed after its reply).
+                stopped = await atimed(samples["destroy"], manager.stop(session.id))
+                await manager.remove_quietly(stopped)
             group.cancel_scope.cancel()
     finally:
         await manager.shutdown()
     return samples
 
 
-def _server_params(warm_pool: int, state: Path | None = None) -> StdioServerParameters:
+def _server_params(warm_pool: int, state: Path | None = None, *, verbose: bool = False) -> StdioServerParameters:
     command = shutil.which("code-sandbox") or sys.exit("run with `uv run` so that code-sandbox is on PATH")
     env = {**os.environ, "CODE_SANDBOX_WARM_POOL": str(warm_pool), "CODE_SANDBOX_AUDIT_ENABLED": "false"}
     if state is not None:
         env["XDG_STATE_HOME"] = str(state)
-    return StdioServerParameters(command=command, args=["serve"], env=env)
+    return StdioServerParameters(command=command, args=["serve", *(["--verbose"] if verbose else [])], env=env)
 
 
 async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]:
     evaluates = not GVISOR[0]  # refused under gVisor's engine-only trust model
     names = ["create_sandbox", "write_files 1 small", "write_files 100 x 10 KiB", "run_javascript hello", "read_file",
+             "run_javascript hello again",
              *(["evaluate_javascript first", "evaluate_javascript follow-up"] if evaluates else []),
              "destroy_sandbox", "execute_javascript"]  # fmt: skip
     samples: dict[str, list[float]] = {name: [] for name in names}
@@ -218,6 +231,13 @@ async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]
             if run.structured_content["stdout"] != "hello\n":
                 raise RuntimeError("run_javascript did not print hello")
             await atimed(samples["read_file"], client.call_tool("read_file", {"session_id": sid, "path": "index.js"}))
+            await anyio.sleep(TURN_SECONDS)
+            again = await atimed(
+                samples["run_javascript hello again"],
+                client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "index.js"}),
+            )
+            if again.structured_content["stdout"] != "hello\n":
+                raise RuntimeError("run_javascript did not print hello the second time")
             if evaluates:
                 evaluate = {"session_id": sid, "code": "const data = [1, 2, 3]"}
                 await atimed(samples["evaluate_javascript first"], client.call_tool("evaluate_javascript", evaluate))
@@ -238,20 +258,42 @@ async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]
 
 async def cold_first_result(iterations: int, state: Path) -> dict[str, list[float]]:
     """What a client that launches the server and calls at once waits for: spawn to the ``initialize`` reply, and
-    spawn to the first ``execute_javascript`` result. The state directory is the one an earlier server of this
-    machine used (image verification recorded), as for every launch but the very first."""
+    spawn to the first ``execute_javascript`` result; and, from the server's start-up milestones (``--verbose``,
+    :mod:`code_sandbox.timeline`), when each of its steps was done. The state directory is the one an earlier server
+    of this machine used (image verification recorded), as for every launch but the very first."""
     samples: dict[str, list[float]] = {"spawn to initialize": [], "spawn to first execute_javascript": []}
     arguments = {"files": SMALL_FILE, "entrypoint": "index.js"}
     for _ in range(iterations):
-        started = time.perf_counter()
-        async with stdio_client(_server_params(1, state)) as (read, write), ClientSession(read, write) as client:
-            await client.initialize()
-            samples["spawn to initialize"].append(time.perf_counter() - started)
-            result = await client.call_tool("execute_javascript", arguments)
-            samples["spawn to first execute_javascript"].append(time.perf_counter() - started)
-            if result.is_error:
-                raise RuntimeError("execute_javascript failed in the cold-path benchmark")
+        with tempfile.TemporaryFile("w+") as log:
+            spawned, started = time.monotonic(), time.perf_counter()
+            params = _server_params(1, state, verbose=True)
+            async with stdio_client(params, errlog=log) as (read, write), ClientSession(read, write) as client:
+                await client.initialize()
+                samples["spawn to initialize"].append(time.perf_counter() - started)
+                result = await client.call_tool("execute_javascript", arguments)
+                samples["spawn to first execute_javascript"].append(time.perf_counter() - started)
+                if result.is_error:
+                    raise RuntimeError("execute_javascript failed in the cold-path benchmark")
+            log.seek(0)
+            for line in log:
+                if PREFIX in line:
+                    name, at = line.split(PREFIX, 1)[1].rsplit(" at monotonic ", 1)
+                    samples.setdefault(f"milestone: {name.strip()}", []).append(float(at) - spawned)
     return samples
+
+
+def sdk_import_ms() -> float:
+    """What importing the MCP SDK's server costs alone (``-X importtime``, cumulative, in a fresh interpreter)."""
+    completed = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import mcp.server.stdio, mcp.server"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    total = 0
+    for line in completed.stderr.splitlines():
+        fields = line.removeprefix("import time:").split("|")
+        if len(fields) == 3 and fields[2].strip().startswith("mcp") and not fields[2].startswith("  "):
+            total += int(fields[1])  # a top-level import of the SDK's: its cumulative microseconds
+    return total / 1000
 
 
 async def server_memory_and_startup(calls: int) -> dict[str, float]:
@@ -279,6 +321,91 @@ def _server_rss_kib() -> int:
                 status = Path(f"/proc/{pid}/status").read_text()
                 return int(status.split("VmRSS:")[1].split()[0])
     raise RuntimeError("the server process was not found")
+
+
+# -- density: proportional set size ------------------------------------------------------------------------------
+
+ROLES = (
+    ("docker-init", "docker-init"), ("watchdog.mjs", "watchdog"), ("--channel", "channel"),
+    ("--supervise", "supervisor"), ("start.mjs", "next run"), ("setInterval", "idle node"),
+)  # fmt: skip
+"""A process's role from its command line, the first that matches (docker-init's names the watchdog it starts)."""
+
+
+def container_memory(api: Any, container_id: str) -> list[dict[str, Any]]:
+    """Every process of a container's memory cgroup, as the host sees it (smaps_rollup): pid, role, PSS (anonymous and
+    file-backed) in KiB. Read on the engine's host: this benchmark runs there."""
+    pid = api.inspect_container(container_id)["State"]["Pid"]
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    path = next((line.split(":", 2)[2] for line in lines if line.split(":")[1] == "memory"), None)
+    procs = (
+        Path(f"/sys/fs/cgroup/memory{path}/cgroup.procs")
+        if path
+        else Path(f"/sys/fs/cgroup{lines[0].split(':', 2)[2]}/cgroup.procs")
+    )
+    rows: list[dict[str, Any]] = []
+    for member in procs.read_text().split():
+        with contextlib.suppress(OSError):
+            fields: dict[str, int] = {}
+            for line in Path(f"/proc/{member}/smaps_rollup").read_text().splitlines()[1:]:
+                name, value = line.split(":", 1)
+                fields[name] = int(value.split()[0])
+            cmdline = Path(f"/proc/{member}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            role = next((role for key, role in ROLES if key in cmdline), cmdline.split(" ", 1)[0])
+            rows.append({"pid": int(member), "role": role, "pss_kib": fields["Pss"],
+                         "anon_kib": fields.get("Pss_Anon", 0), "file_kib": fields.get("Pss_File", 0)})  # fmt: skip
+    return rows
+
+
+async def density(count: int, image_id: str, runtime: RuntimeFacts, engine: DockerEngine) -> dict[str, Any]:
+    """The memory of ``count`` used sandboxes (each: created, one file written, one hello run) against as many floor
+    containers (one idle node, the same image and hardening), all alive at once so that the pages they share are
+    shared alike: right after their last call, and once idle (:data:`code_sandbox.sandbox.sessions.HELPERS_IDLE_SECONDS`
+    after it, when a sandbox lets go of the helpers it holds between calls)."""
+    api = engine.client()
+    labels = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(time.time()) + 600)}
+    idle_node = [*RUNTIME, "-e", "setInterval(() => {}, 1 << 30)"]
+    floor_request = ContainerRequest(image_id=image_id, command=idle_node, labels=labels, apparmor=False)
+    architecture = engine.daemon_facts().architecture
+    floors: list[str] = []
+    settings = Settings(max_sessions=count, warm_pool=0, runtime=load_settings().runtime)
+    profile = select_profile(create_plugin_manager(), None)
+    manager = SessionManager(DockerEngine.for_settings(settings), profile, settings)
+    result: dict[str, Any] = {"sandboxes": count}
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(manager.run_reaper)
+            sessions: list[Session] = []
+            for _ in range(count):
+                floors.append(_raw_create_and_start(api, floor_request, runtime, architecture))
+                session = await manager.create()
+                await write_files(manager, session.id, [("index.js", "console.log('hello')")], overwrite=False)
+                await run_entrypoint(manager, session.id, "index.js", [], timeout_seconds=10)
+                sessions.append(session)
+            await anyio.sleep(2)  # every container's processes settled (the last next-run process booted)
+            result["busy"] = [container_memory(api, s.container_id) for s in sessions]
+            result["floor"] = [container_memory(api, f) for f in floors]
+            await anyio.sleep(HELPERS_IDLE_SECONDS + 2 * REAPER_INTERVAL_SECONDS)
+            result["idle"] = [container_memory(api, s.container_id) for s in sessions]
+            group.cancel_scope.cancel()
+    finally:
+        await manager.shutdown()
+        for container_id in floors:
+            with contextlib.suppress(Exception):
+                api.remove_container(container_id, force=True)
+    for name in ("busy", "floor", "idle"):
+        per_container = [sum(row["pss_kib"] for row in rows) for rows in result[name]]
+        result[f"{name}_pss_mib"] = statistics.mean(per_container) / 1024
+        result[f"{name}_processes"] = statistics.mean(len(rows) for rows in result[name])
+    return result
+
+
+def holds(rows: list[dict[str, Any]]) -> str:
+    """One container's processes: role and PSS in MiB (anonymous + file-backed)."""
+    return ", ".join(
+        f"{row['role']} {row['pss_kib'] / 1024:.1f} ({row['anon_kib'] / 1024:.1f}+{row['file_kib'] / 1024:.1f})"
+        for row in sorted(rows, key=lambda row: -row["pss_kib"])
+    )
 
 
 # -- report ------------------------------------------------------------------------------------------------------
@@ -333,6 +460,7 @@ def main() -> None:
     mcp_cold = {k: summary(v) for k, v in anyio.run(mcp_surface, iterations, 0).items()}
     mcp_warm = {k: summary(v) for k, v in anyio.run(mcp_surface, iterations, 1).items()}
     server = anyio.run(server_memory_and_startup, 60 if options.quick else 200)
+    memory = anyio.run(density, 10 if options.quick else 20, image.id, runtime, engine) if not GVISOR[0] else None
     with tempfile.TemporaryDirectory(prefix="code-sandbox-bench-") as state:
         anyio.run(cold_first_result, 1, Path(state))  # the machine's first launch: it records the verification
         cold = {k: summary(v) for k, v in anyio.run(cold_first_result, 3 if options.quick else 10, Path(state)).items()}
@@ -344,6 +472,7 @@ def main() -> None:
         "core: create (pool off)": (core_cold["create"], "create+start"),
         "core: create (pool on)": (core_warm["create"], "create+start"),
         "core: run hello": (core_cold["run hello"], "exec node -e 0"),
+        "core: run hello again": (core_cold["run hello again"], "exec node -e 0"),
         "core: cleanup survey alone": (core_cold["cleanup survey"], "exec node -e 0"),
         "core: destroy": (core_cold["destroy"], "remove"),
         "mcp: create_sandbox (pool off)": (mcp_cold["create_sandbox"], "create+start"),
@@ -351,6 +480,7 @@ def main() -> None:
         "mcp: write_files 1 small": (mcp_cold["write_files 1 small"], "exec node -e 0"),
         "mcp: write_files 100 x 10 KiB": (mcp_cold["write_files 100 x 10 KiB"], "stream 1 MiB"),
         "mcp: run_javascript hello": (mcp_cold["run_javascript hello"], "exec node -e 0"),
+        "mcp: run_javascript hello again": (mcp_cold["run_javascript hello again"], "exec node -e 0"),
         "mcp: read_file": (mcp_cold["read_file"], "exec node -e 0"),
         "mcp: destroy_sandbox": (mcp_cold["destroy_sandbox"], "remove"),
         "mcp: execute_javascript (pool on)": (mcp_warm["execute_javascript"], "create+exec+remove"),
@@ -375,8 +505,27 @@ def main() -> None:
         f"trust model: {runtime.trust_model}",
         *([f"evaluate_javascript follow-up / run_javascript hello: {follow_up:.2f}x (p50)"] if follow_up else []),
         f"server start-up to initialize reply: {cold['spawn to initialize']['p50_ms']:.0f} ms (p50)",
+        f"cold start, ms after spawn (p50; the MCP SDK's import alone: {sdk_import_ms():.0f} ms, -X importtime):",
+        *(
+            f"  {stats['p50_ms']:6.0f}  {name.removeprefix('milestone: ')}"
+            for name, stats in sorted(
+                ((n, v) for n, v in cold.items() if n.startswith("milestone: ")), key=lambda item: item[1]["p50_ms"]
+            )
+        ),
         f"server RSS after {server['calls']:.0f} calls: {server['rss_after_calls_mib']:.1f} MiB",
     ]
+    if memory is not None:
+        floor_pss = memory["floor_pss_mib"]
+        report += [
+            f"memory of a used sandbox, PSS ({memory['sandboxes']} of each alive at once; floor: one idle node in a "
+            f"container, {floor_pss:.1f} MiB):",
+            f"  idle ({HELPERS_IDLE_SECONDS:.0f} s after its last call): {memory['idle_pss_mib']:.1f} MiB, "
+            f"{memory['idle_pss_mib'] / floor_pss:.2f}x; {memory['idle_processes']:.0f} processes: "
+            f"{holds(memory['idle'][0])}",
+            f"  busy (right after a call): {memory['busy_pss_mib']:.1f} MiB, "
+            f"{memory['busy_pss_mib'] / floor_pss:.2f}x; {memory['busy_processes']:.0f} processes: "
+            f"{holds(memory['busy'][0])}",
+        ]
     print("\n" + "\n".join(report))
     if options.readme:
         write_readme_table(report)
@@ -387,7 +536,7 @@ def main() -> None:
                     "docker": engine.client().version().get("Version")},
         "iterations": iterations, "runtime": runtime.name,
         "floor": floor, "core_pool_off": core_cold, "core_pool_on": core_warm,
-        "mcp_pool_off": mcp_cold, "mcp_pool_on": mcp_warm, "server": server, "cold": cold,
+        "mcp_pool_off": mcp_cold, "mcp_pool_on": mcp_warm, "server": server, "cold": cold, "memory": memory,
         "ratios": {name: ratio for name, _s, _f, ratio in rows if ratio is not None},
         "evaluate_follow_up_to_run_hello": follow_up,
     }, indent=2))  # fmt: skip

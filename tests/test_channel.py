@@ -501,12 +501,12 @@ class _ScriptedChannel(_HelloEngine):
 
 
 def test_the_survey_spares_exactly_the_waiting_process_the_last_answer_named(profile: Profile) -> None:
-    """The waiting process a hello names is the one the next run uses: a run that opened the channel itself (racing
+    """The waiting process a hello announces is the one the next run uses: a run that opened the channel itself (racing
     the opener of a new sandbox, or after a kill-all) must not leave the host sparing it afterwards, as the process
-    the program ran in; only the process the run's own answer names is spared next."""
-    hello = b'{"ok":true,"pid":7,"next":{"pid":9,"started":100}}\n'
+    the program ran in; only the process the run's own answer announces is spared next."""
+    hello = b'{"ok":true,"pid":7,"next_after":100}\n'
     plain = run_answer().model_dump_json().encode() + b"\n"
-    named = run_answer(next={"pid": 11, "started": 200}).model_dump_json().encode() + b"\n"
+    named = run_answer(next_after=200).model_dump_json().encode() + b"\n"
     request = RunRequest(argv=["node", "x.js"], timeout_ms=1000, stdout_cap=10, stderr_cap=10, stream=False)
     engine = _ScriptedChannel(hello, plain, named)
     transport = ChannelTransport(engine, profile)
@@ -515,7 +515,7 @@ def test_the_survey_spares_exactly_the_waiting_process_the_last_answer_named(pro
         assert isinstance(transport.run(target, request, timeout=5), RunAnswer)  # it opened the channel itself
         assert transport._survey_line(target) == b"7\n"  # pyright: ignore[reportPrivateUsage]
         assert isinstance(transport.run(target, request, timeout=5), RunAnswer)
-        assert transport._survey_line(target) == b"7 11=200\n"  # pyright: ignore[reportPrivateUsage]
+        assert transport._survey_line(target) == b"7 >200\n"  # pyright: ignore[reportPrivateUsage]
     finally:
         transport.close_all()
         for end in engine.ends:
@@ -524,7 +524,7 @@ def test_the_survey_spares_exactly_the_waiting_process_the_last_answer_named(pro
     transport = ChannelTransport(engine, profile)
     try:
         transport.prepare(target)
-        assert transport._survey_line(target) == b"7 9=100\n"  # pyright: ignore[reportPrivateUsage]
+        assert transport._survey_line(target) == b"7 >100\n"  # pyright: ignore[reportPrivateUsage]
     finally:
         transport.close_all()
         for end in engine.ends:

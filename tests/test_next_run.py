@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import anyio
@@ -103,24 +104,25 @@ async def test_no_waiting_process_shares_the_sandbox_with_an_evaluation_context(
     manager: SessionManager, session: Session
 ) -> None:
     await run(manager, session, "main.js", "console.log(1)")
-    assert _waiting(session) == 1
+    assert await anyio.to_thread.run_sync(_waiting, session) == 1
     await evaluate_code(manager, session.id, "globalThis.kept = 1", timeout_seconds=5, reset=False)
-    assert _waiting(session) == 0
+    assert await anyio.to_thread.run_sync(_waiting, session, 0) == 0
     # A run ends the context, and the next run's process is back.
     await run(manager, session, "main.js", "console.log(1)")
-    assert _waiting(session) == 1
+    assert await anyio.to_thread.run_sync(_waiting, session) == 1
 
 
 SURVEY_ARGV_TAIL = ["--survey"]
 
 
-async def test_the_survey_spares_the_waiting_process_only_by_its_pid_and_start_time(
+async def test_the_survey_spares_the_waiting_process_only_as_the_channels_child_started_since_the_run(
     manager: SessionManager, session: Session, profile: Profile
 ) -> None:
-    """The host names the waiting process as pid=start-time: a process with that pid but another start time (as a
-    pid reused by a leftover would have) is counted."""
+    """The host names the waiting process as >tick, the tick the channel read once the run's leftovers were gone: one
+    child of the channel started since then is spared; one that started earlier, or anyone else's child, is not."""
     await run(manager, session, "main.js", "console.log(1)")
-    waiting, started = await anyio.to_thread.run_sync(_process_of, session, b"/opt/sandbox/start.mjs")
+    assert await anyio.to_thread.run_sync(_waiting, session) == 1
+    _waiting_pid, started = await anyio.to_thread.run_sync(_process_of, session, b"/opt/sandbox/start.mjs")
     channel, _started = await anyio.to_thread.run_sync(_process_of, session, b"/opt/sandbox/runner.mjs\x00--channel")
     engine = manager.provisioner.engine
     argv = [*profile.helper_argv("runner"), *SURVEY_ARGV_TAIL]
@@ -130,10 +132,10 @@ async def test_the_survey_spares_the_waiting_process_only_by_its_pid_and_start_t
         result = engine.exec(session.container_id, request)
         return int(json.loads(result.stdout)["alive"])
 
-    assert survey(f"{channel} {waiting}={started}") == 0
-    assert survey(f"{channel} {waiting}={started + 1}") == 1
+    assert survey(f"{channel} >{started}") == 0
+    assert survey(f"{channel} >{started + 1}") == 1  # started before the announced tick: a run's, as far as it knows
     assert survey(f"{channel}") == 1
-    assert survey(f"1 {waiting}={started}") == 2  # not the named channel's child: counted (and the channel too)
+    assert survey(f"1 >{started}") == 2  # not the named channel's child: counted (and the channel too)
 
 
 @pytest.mark.parametrize("fault", [signal.SIGSTOP, signal.SIGKILL])
@@ -143,17 +145,24 @@ async def test_a_waiting_process_that_was_stopped_or_died_is_not_used(
     """A waiting process that cannot take the program (stopped, or gone: a bug, or the OOM killer) is ended and the
     program gets a fresh process: its run never times out in a stopped process or reports another's end."""
     await run(manager, session, "main.js", "console.log(1)")
+    assert await anyio.to_thread.run_sync(_waiting, session) == 1
     host_pid = await anyio.to_thread.run_sync(_host_pid_of, session, b"/opt/sandbox/start.mjs")
     os.kill(host_pid, fault)
     result = await run(manager, session, "main.js", "console.log('fresh')")
     assert (result.stdout, result.exit_code, result.timed_out) == ("fresh\n", 0, False)
-    assert _waiting(session) == 1  # and a new one waits for the run after
+    assert await anyio.to_thread.run_sync(_waiting, session) == 1  # and a new one waits for the run after
 
 
-def _waiting(session: Session) -> int:
-    """How many next-run processes the sandbox holds (in whatever state: one may still be starting)."""
-    states = sandbox_processes(session.container_id, session.uid)
-    return sum(count for key, count in states.items() if key.startswith("next run:"))
+def _waiting(session: Session, want: int = 1) -> int:
+    """How many next-run processes the sandbox holds (in whatever state: one may still be starting), once that is
+    ``want`` or after 5 s: the channel starts one right after it answered a run."""
+    end = time.monotonic() + 5
+    while True:
+        states = sandbox_processes(session.container_id, session.uid)
+        count = sum(count for key, count in states.items() if key.startswith("next run:"))
+        if count == want or time.monotonic() > end:
+            return count
+        time.sleep(0.05)
 
 
 def _host_pid_of(session: Session, marker: bytes) -> int:

@@ -24,6 +24,7 @@ from code_sandbox.liveness import default_state_dir
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
 from code_sandbox.settings import TAG_RULE, Settings, SettingsError, is_valid_tag, load_settings
+from code_sandbox.timeline import milestone
 
 from code_sandbox_cli.tables import duration, print_table, server_of, shown
 
@@ -107,10 +108,11 @@ def serve(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more detail to stderr.")] = False,
 ) -> None:
     """Start the stdio MCP server (for an MCP client to launch; stdout carries only JSON-RPC)."""
+    _configure_logging(verbose)
+    milestone("serve started (the CLI imported)")
     settings = _settings()
     profile = _profile(settings)
     _check_engine(settings)
-    _configure_logging(verbose)
     from code_sandbox.serve.stdio import run_stdio_server
 
     try:

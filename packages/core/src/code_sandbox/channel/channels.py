@@ -27,7 +27,6 @@ from code_sandbox.channel.protocol import (
     RunAnswer,
     RunRequest,
     SurveyAnswer,
-    WaitingRun,
     parse_answer,
     parse_message,
 )
@@ -76,7 +75,8 @@ class ChannelTransport(Transport):
         self._contexts: dict[Target, str] = {}
         """Each channel's evaluation context while it lives, paused, between calls: ``pid:start-time``."""
         self._waiting: dict[Target, str] = {}
-        """Each channel's next run's waiting process, as the channel reported it: ``pid=start-time``."""
+        """Each channel's next run's waiting process, as the channel announced it: ``>tick`` (a child of the channel
+        started at or after that tick)."""
         self._supervisors: dict[str, ExecStream] = {}
         self._gates: dict[tuple[str, str], threading.Lock] = {}
         self._closed: OrderedDict[str, None] = OrderedDict()
@@ -198,7 +198,7 @@ class ChannelTransport(Transport):
             target, [frame], RunAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
             on_stderr=on_stderr,
         )  # fmt: skip
-        self._set_waiting(target, answer.next if isinstance(answer, RunAnswer) else None)
+        self._set_waiting(target, answer.next_after if isinstance(answer, RunAnswer) else None)
         return answer
 
     def execute(
@@ -247,18 +247,14 @@ class ChannelTransport(Transport):
             self._contexts.pop(target, None)
             self._waiting.pop(target, None)
 
-    def _remember_waiting(self, target: Target, waiting: WaitingRun) -> None:
+    def _set_waiting(self, target: Target, after: int | None) -> None:
+        """The waiting process is exactly the one the last answer announced (``after``: the tick it starts at or after),
+        or none. Whatever was noted before a supervised call (a hello read while the call opened the channel) was used
+        or ended by it."""
         with self._lock:
-            if target in self._channels:
-                self._waiting[target] = f"{waiting.pid}={waiting.started}"
-
-    def _set_waiting(self, target: Target, waiting: WaitingRun | None) -> None:
-        """After a supervised call: the waiting process is exactly the one its answer names, or none. Whatever was
-        noted before the call (a hello read while the call opened the channel) was used or ended by it."""
-        if waiting is not None:
-            self._remember_waiting(target, waiting)
-        else:
-            with self._lock:
+            if after is not None and target in self._channels:
+                self._waiting[target] = f">{after}"
+            else:
                 self._waiting.pop(target, None)
 
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
@@ -299,8 +295,8 @@ class ChannelTransport(Transport):
                 opened.close()
                 raise
             self._keep(target.container, opened, lambda: self._channels.__setitem__(target, (opened, hello.pid)))
-            if hello.next is not None:
-                self._remember_waiting(target, hello.next)
+            if hello.next_after is not None:
+                self._set_waiting(target, hello.next_after)
         self._open_supervisor_soon(target.container)
         return opened
 

@@ -166,12 +166,8 @@ class Supervised(Answer):
     ``None`` where the counters cannot be read."""
 
 
-class WaitingRun(Message):
-    """The next run's process, which a channel starts ahead of it once a run's leftovers are gone: the survey spares
-    that process (this pid with this start time, in clock ticks after boot) and no other."""
-
-    pid: Annotated[int, Field(ge=1, le=2**32)]
-    started: Annotated[int, Field(ge=0, le=10**15)]
+Ticks = Annotated[int, Field(ge=0, le=10**15)]
+"""Clock ticks since boot (USER_HZ), as ``/proc/<pid>/stat`` counts a process's start."""
 
 
 class RunAnswer(Supervised):
@@ -182,8 +178,10 @@ class RunAnswer(Supervised):
     timed_out: bool
     oom_killed: bool
     oom_detectable: bool
-    next: WaitingRun | None = None
-    """A channel's run: the process it started for the next run after this one's cleanup."""
+    next_after: Ticks | None = None
+    """A channel's run: the next run's process is started right after this answer; the tick it was read at, once the
+    run's leftovers were gone, before which that process cannot have started (the survey spares one child of the
+    channel started since, and nothing else)."""
 
 
 class ThrownError(Message):
@@ -235,7 +233,8 @@ class ChannelHello(Answer):
     then spares."""
 
     pid: Annotated[int, Field(ge=1, le=2**32)]
-    next: WaitingRun | None = None
+    next_after: Ticks | None = None
+    """As ``RunAnswer.next_after``, for the next run's process the channel started as it opened."""
 
 
 class Progress(Message):

@@ -12,6 +12,7 @@ from code_sandbox.channel.transport import Target
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import user_of
 from code_sandbox.sandbox.provisioner import Provisioned, Provisioner, run_sync
+from code_sandbox.timeline import milestone
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ class WarmPool:
             return
         self._pool.append(_Pooled(made, self.clock() + pool_seconds - POOL_MARGIN_SECONDS))
         self._pool_changed.set()
+        milestone("first warm container ready (channels open)")
 
     @property
     def warm_containers(self) -> tuple[str, ...]:

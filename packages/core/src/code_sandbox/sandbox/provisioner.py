@@ -38,6 +38,7 @@ from code_sandbox.limits import MEMORY_BYTES, SANDBOX_BACKING_BYTES, MiB, sessio
 from code_sandbox.liveness import machine_name
 from code_sandbox.profile import Profile
 from code_sandbox.settings import Settings, SettingsError, env_name
+from code_sandbox.timeline import milestone
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -114,6 +115,7 @@ class Provisioner:
         claim moves its deadline to a full session lifetime from the moment of the claim.
         """
         image_id = await self._verified_image_id()
+        milestone("engine answered, image verified")
         daemon = await run_sync(self.engine.daemon_facts)
         require_enforcement(daemon)
         require_capacity(daemon, self.settings)
@@ -155,6 +157,7 @@ class Provisioner:
                 continue
             # Handed over without an await in between: the caller records it as a session's or the pool's.
             self._starting.discard(container_id)
+            milestone("first container started")
             return Provisioned(container_id, uid, self._packages[image_id])
         raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "no free sandbox uid could be found on this engine")
 

@@ -60,6 +60,7 @@ from code_sandbox.serve.schemas import (
     run_input_models,
 )
 from code_sandbox.serve.tool_calls import Context, Counts, ToolDef, error_result, live_progress, tool_annotations
+from code_sandbox.timeline import milestone
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +197,7 @@ class SandboxServer(Server[None]):
                     TextContent(type="text", text=output.model_dump_json(exclude={"content"})),
                     ImageContent(type="image", data=output.content, mime_type=output.image_type),
                 ]
+            milestone("first tool call answered")
             return CallToolResult(content=blocks, structured_content=output.model_dump(mode="json"))
         except SandboxError as error:
             result_code = str(error.code)

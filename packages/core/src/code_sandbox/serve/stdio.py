@@ -42,6 +42,7 @@ from code_sandbox.serve.handshake import (
 )
 from code_sandbox.serve.wire import PARSE_ERROR, Refusal, escape_line, judge_line, refusal_line
 from code_sandbox.settings import Settings
+from code_sandbox.timeline import milestone
 
 if TYPE_CHECKING:
     from code_sandbox.sandbox.service import SandboxService
@@ -202,6 +203,7 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
     tool_text.run_tool_description(settings, profile)  # a profile's bad text fails before anything is said
     tool_text.evaluate_tool_description(settings, profile)
     stdin_fd, stdout_fd = claim_stdio()
+    milestone("stdio claimed")
     state_dir = default_state_dir()
     answers = RecordedAnswers(state_dir / "initialize", build_identity(tool_text.instructions(settings, profile.info)))
     wire = Wire(stdout_fd, answers)
@@ -233,7 +235,7 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
                     )
                     if recorded is not None:
                         await wire.send_early(request, recorded)
-                        logger.info("initialize answered from the record, before the SDK loaded")
+                        milestone("initialize answered from the record")
                     else:
                         wire.record(request)
                 greeted.set()
@@ -243,11 +245,13 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
 
             async def load_sdk() -> None:
                 await anyio.to_thread.run_sync(_load_sdk)
+                milestone("MCP SDK imported")
                 sdk_loaded.set()
 
             # One after the other: both are mostly CPU-bound imports under one GIL, and the service's are the few
             # that let the warm pool start filling while the SDK's load.
             service = await anyio.to_thread.run_sync(_build_service, settings, profile)
+            milestone("sandbox service built (Docker's client imported)")
             services.append(service)
             group.start_soon(load_sdk)
             async with service.running():

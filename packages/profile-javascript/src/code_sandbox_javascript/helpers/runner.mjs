@@ -429,16 +429,25 @@ async function spawnProgram(argv, extraStdio = []) {
   return spawned ? { child, exited } : null;
 }
 
-// The next run's process while it waits: {child, exited, pid, started}. The channel starts one when it opens and after
-// each run's cleanup (never while user code of this sandbox lives: it is spawned once the leftovers are gone), and
-// ends it before an evaluation, whose context must not share the sandbox with it. The survey spares it by pid and
-// start time, which the channel reports (ChannelHello.next, RunAnswer.next).
+// The next run's process while it waits: {child, exited, pid, started}. The channel starts one when it opens and
+// right after answering each run (never while user code of this sandbox lives: the run's leftovers are gone by then),
+// and ends it before an evaluation, whose context must not share the sandbox with it. So that the spawn is not paid
+// before the answer, the channel announces it ahead (ChannelHello.next_after, RunAnswer.next_after): the clock tick
+// before which it cannot have started, read once the run's leftovers were gone. The survey spares one child of the
+// channel started since then, and nothing else.
 let nextRun = null;
+
+// Clock ticks since boot (USER_HZ, 100 a second, as /proc/<pid>/stat counts a process's start): /proc/uptime's
+// centiseconds, read as a whole number.
+function bootTicks() {
+  const match = /^([0-9]+)\.([0-9]{2}) /.exec(fs.readFileSync('/proc/uptime', 'latin1'));
+  return match === null ? null : Number(match[1]) * 100 + Number(match[2]);
+}
 
 async function prepareNext() {
   discardNext();
   const started = await spawnProgram([process.execPath, ...RUN_FLAGS, START_PATH], ['pipe']);
-  if (started === null) return null;
+  if (started === null) return;
   const stat = procStat(started.child.pid);
   const prepared = { ...started, pid: started.child.pid, started: stat?.started };
   started.exited.then(() => {
@@ -447,7 +456,6 @@ async function prepareNext() {
   started.child.stdio[3].on('error', () => {});
   nextRun = prepared;
   if (stat === null) discardNext();
-  return nextRun === null ? null : { pid: nextRun.pid, started: nextRun.started };
 }
 
 function discardNext() {
@@ -462,11 +470,12 @@ function discardNext() {
   old.child.stdio[3].destroy();
 }
 
-// The waiting process, handed the program if `argv` is one it can run, it still lives as the process that was started
-// (running or asleep, never stopped), and it says it took the program (one byte back on fd 3, before it closes fd 3
-// and runs it); null otherwise, when it is ended and the program gets a process of its own: a waiting process that
-// died meanwhile (a bug, or the OOM killer) never has its end reported as the program's.
-async function takeNext(argv) {
+// The waiting process, handed the program if `argv` is one it can run and it still lives as the process that was
+// started (running or asleep, never stopped); null otherwise, when it is ended and the program gets a process of its
+// own. `took` says, by the time the process has ended, whether it took the program (one byte back on fd 3, before it
+// closes fd 3 and runs it): one that ended without taking it (a bug, or the OOM killer) never has its end reported as
+// the program's; the program is run again in a fresh process.
+function takeNext(argv) {
   const waiting = nextRun;
   nextRun = null;
   const fits = argv[0] === process.execPath && RUN_FLAGS.every((flag, i) => argv[i + 1] === flag) &&
@@ -483,25 +492,21 @@ async function takeNext(argv) {
   const head = Buffer.alloc(4);
   head.writeUInt32BE(body.length, 0);
   const socket = waiting.child.stdio[3];
+  // The byte comes before the end of fd 3 (the process closes it, or dies), in that order on the socket.
   const took = new Promise((resolve) => {
     socket.once('data', () => resolve(true));
     socket.once('end', () => resolve(false));
-    waiting.exited.then(() => resolve(false));
+    socket.once('close', () => resolve(false));
   });
+  took.then(() => socket.destroy());
   socket.write(Buffer.concat([head, body]));
-  if (!(await took)) {
-    nextRun = waiting;
-    discardNext();
-    return null;
-  }
-  socket.destroy();
-  return waiting;
+  return { ...waiting, took };
 }
 
 async function run(req) {
   paused = null; // the cleanup kills the context with the rest
   const metered = meter();
-  const started = (await takeNext(req.argv)) ?? await spawnProgram(req.argv);
+  const started = takeNext(req.argv) ?? await spawnProgram(req.argv);
   if (started === null) {
     metered.stop();
     return refusal('SPAWN_FAILED');
@@ -528,6 +533,11 @@ async function run(req) {
   const { code, signal } = await exited;
   const durationMs = metered.stop();
   clearTimeout(timer);
+  if (started.took !== undefined && !(await started.took)) {
+    // The waiting process ended without taking the program: nothing of it ran. Run it in a fresh process.
+    for (const stream of [child.stdout, child.stderr]) stream.destroy();
+    return run(req);
+  }
   const leftovers = await killLeftovers();
   if (context !== null) {
     await Promise.race([context.exited, sleep(DRAIN_MS)]); // killed with the rest: the run reset it
@@ -601,19 +611,26 @@ function sealed() {
 const SURVEY_SCANS = 5;
 function survey(spared) {
   const own = process.getuid();
-  const channelPid = spared.find((entry) => entry.started === null)?.pid ?? null;
+  const channelPid = spared.find((entry) => entry.started === null && entry.after === undefined)?.pid ?? null;
+  const waitingAfter = channelPid === null ? null : spared.find((entry) => entry.after !== undefined)?.after ?? null;
   for (let scan = 0; scan < SURVEY_SCANS; scan += 1) {
     let alive = 0;
     let vanished = 0;
+    let waitingSeen = false;
     for (const name of fs.readdirSync('/proc')) {
       if (!/^[0-9]+$/.test(name) || Number(name) === process.pid) continue;
       const exempt = spared.find((entry) => entry.pid === Number(name));
       if (exempt !== undefined && exempt.started === null) continue;
-      if (exempt !== undefined && exempt.waiting) {
-        // Only the channel's own child with the start time the channel announced: no leftover of a run is either.
-        const stat = procStat(exempt.pid);
-        if (stat !== null && stat.started === exempt.started && stat.ppid === channelPid) continue;
-      } else if (exempt !== undefined) {
+      if (exempt === undefined && waitingAfter !== null && !waitingSeen) {
+        // One child of the channel started since the tick it announced (after the run's leftovers were gone): its
+        // next run's process. No leftover of a run is that: a run's processes all started before that tick.
+        const stat = procStat(Number(name));
+        if (stat !== null && stat.ppid === channelPid && stat.started >= waitingAfter) {
+          waitingSeen = true;
+          continue;
+        }
+      }
+      if (exempt !== undefined) {
         const stat = procStat(exempt.pid);
         if (stat !== null && stat.state === 'T' && stat.started === exempt.started && allStopped(exempt.pid)) continue;
       }
@@ -634,12 +651,13 @@ function survey(spared) {
 }
 
 // A survey line: empty, or what to spare: the channel's pid, then its paused context's as pid:start-time, then the
-// next run's waiting process as pid=start-time.
-const SPARED_LINE = /^(|[1-9][0-9]{0,9}( [1-9][0-9]{0,9}:[0-9]{1,15})?( [1-9][0-9]{0,9}=[0-9]{1,15})?)$/;
+// next run's waiting process as >tick (one child of the channel started at or after that tick).
+const SPARED_LINE = /^(|[1-9][0-9]{0,9}( [1-9][0-9]{0,9}:[0-9]{1,15})?( >[0-9]{1,15})?)$/;
 const MAX_SPARED_LINE = 80;
 const sparedPids = (line) => (line === '' ? [] : line.split(' ').map((item) => {
-  const [pid, started] = item.split(/[:=]/);
-  return { pid: Number(pid), started: started === undefined ? null : Number(started), waiting: item.includes('=') };
+  if (item.startsWith('>')) return { pid: null, started: null, after: Number(item.slice(1)) };
+  const [pid, started] = item.split(':');
+  return { pid: Number(pid), started: started === undefined ? null : Number(started) };
 }));
 
 // Waits for one line on stdin, which releases the survey. Returns {spared}, or null when stdin ends first (the
@@ -1043,8 +1061,9 @@ async function channel() {
   const send = (obj) => new Promise((done) => process.stdout.write(`${JSON.stringify(obj)}\n`, done));
   // The first line names this process and the next run's, so that the supervisor's survey can spare them (and only
   // them) after a run.
-  const first = await prepareNext();
-  await send({ ok: true, pid: process.pid, ...(first === null ? {} : { next: first }) });
+  const after = bootTicks();
+  if (after !== null) await prepareNext();
+  await send({ ok: true, pid: process.pid, ...(after === null ? {} : { next_after: after }) });
   const initial = ownState();
   for (;;) {
     const head = await exact(4);
@@ -1069,13 +1088,13 @@ async function channel() {
     // turn) with a failure and ends, and the host destroys the sandbox. So does one whose paused context ran.
     if (initial === null || ownState() !== initial || !stillPaused()) return refusal('INTERNAL_ERROR');
     let result;
+    let prepare = false;
     if (envelope.op === 'run') {
       const req = validRequest(envelope.request);
       result = req === null ? refusal('INVALID_REQUEST') : await run(req);
-      if (result.ok !== false && result.cleanup === 'ok') {
-        const next = await prepareNext();
-        if (next !== null) result.next = next;
-      }
+      const after = result.ok !== false && result.cleanup === 'ok' ? bootTicks() : null;
+      if (after !== null) result.next_after = after; // started right after this answer
+      prepare = after !== null;
     } else if (envelope.op === 'execute') {
       result = await execute(envelope.request, take);
     } else if (envelope.op === 'evaluate') {
@@ -1091,6 +1110,7 @@ async function channel() {
     // stderr line of the request, tells the host that none of them is still on its way.
     await new Promise((done) => process.stderr.write(`${STDERR_END}\n`, done));
     await send(result);
+    if (prepare) await prepareNext();
     // A write refused before its payload was read leaves stdin off a frame boundary: file bytes must never be read
     // as a request, so the channel ends (the host destroys the sandbox for such an answer anyway).
     if (envelope.op === 'write' && result.ok === false && ['INVALID_REQUEST', 'TRANSFER_FAILED'].includes(result.code)) {
