@@ -9,11 +9,13 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from code_sandbox.serve.handshake import RecordedAnswers, parse_initialize, parse_response
+from code_sandbox.timeline import PREFIX
 
 from tests.support.run import command_env
 
@@ -214,3 +216,30 @@ def test_an_early_answered_initialize_that_the_sdk_refuses_ends_the_connection(t
     assert client.receive()["result"]["serverInfo"]["name"] == "code-sandbox"  # answered from the record
     assert client.process.wait(timeout=30) == 0  # then the connection ends rather than go on half-agreed
     assert "refused an initialize that was answered early" in client.finish()
+
+
+def _milestones(stderr: str) -> dict[str, float]:
+    """The start-up milestones a verbose server logged, by name: when each was reached on the monotonic clock."""
+    found: dict[str, float] = {}
+    for line in stderr.splitlines():
+        if PREFIX in line:
+            name, at = line.split(PREFIX, 1)[1].rsplit(" at monotonic ", 1)
+            assert name.strip() not in found, f"logged twice: {name}"
+            found[name.strip()] = float(at)
+    return found
+
+
+@pytest.mark.docker
+def test_a_verbose_server_logs_its_start_up_milestones_once_in_order_on_the_shared_clock(tmp_path: Path) -> None:
+    """The cold-start timeline (bench/run.py) reads these: the system's monotonic clock, which the client shares, and
+    ``initialize`` answered from the record before the SDK has been imported."""
+    session(tmp_path)  # the first server records the initialize answer
+    spawned = time.monotonic()
+    _answer, _tools, stderr = session(tmp_path, verbose=True)
+    ended = time.monotonic()
+    at = _milestones(stderr)
+    order = ["serve started (the CLI imported)", "stdio claimed", "initialize answered from the record",
+             "MCP SDK imported"]  # fmt: skip
+    assert [at[name] for name in order] == sorted(at[name] for name in order), at
+    assert "sandbox service built (Docker's client imported)" in at
+    assert all(spawned < when < ended for when in at.values()), (spawned, at, ended)
