@@ -47,7 +47,9 @@ from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox.service import SandboxService
 from code_sandbox.serve.server import SandboxServer
+from code_sandbox.serve.tool_calls import compact_schema
 from code_sandbox.settings import load_settings
+from jsonschema import Draft202012Validator
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, ImageContent, TextContent, Tool
@@ -1002,3 +1004,66 @@ def _capacity_row(engine: Engine, **settings: str) -> list[Finding]:
     findings: list[Finding] = []
     check_capacity(findings, engine, load_settings({f"CODE_SANDBOX_{k.upper()}": v for k, v in settings.items()}))
     return findings
+
+
+# -- the tool list's schemas --------------------------------------------------------------------------------------
+
+
+def _schemas(tool: Tool) -> list[tuple[str, dict[str, Any]]]:
+    return [("input", tool.input_schema), *([("output", tool.output_schema)] if tool.output_schema else [])]
+
+
+def _objects(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The schema and every object schema in its ``$defs``."""
+    return [schema, *schema.get("$defs", {}).values()]
+
+
+async def test_the_tool_list_over_the_wire_has_no_generated_titles_and_every_property_described(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    async with connect(engine, tmp_path) as client:
+        tools = (await client.list_tools()).tools
+    for tool in tools:
+        for kind, schema in _schemas(tool):
+            assert "title" not in json.dumps(_keywords_only(schema)), (tool.name, kind)
+            for obj in _objects(schema):
+                for name, prop in obj.get("properties", {}).items():
+                    assert prop.get("description"), (tool.name, kind, name)
+            assert '{"type": "null"}' not in json.dumps(schema) or "$ref" in json.dumps(schema), (tool.name, kind)
+
+
+def _keywords_only(node: Any) -> Any:
+    """A schema with every property name replaced, so that a property called "title" is not taken for a keyword."""
+    if isinstance(node, list):
+        return [_keywords_only(item) for item in cast(list[Any], node)]
+    if not isinstance(node, dict):
+        return node
+    mapping = cast(dict[str, Any], node)
+    return {
+        key: ({f"p{i}": _keywords_only(v) for i, v in enumerate(cast(dict[str, Any], value).values())}
+              if key in ("properties", "$defs") and isinstance(value, dict) else _keywords_only(value))
+        for key, value in mapping.items()
+    }  # fmt: skip
+
+
+PROBES: list[Any] = [None, True, 0, 1, -1, 3, 43, 121, 10**9, 1.5, "", "a", "utf-8", "base64", "x" * 43, "file",
+                     "deleted", [], ["a"], [1], {}, {"path": "a.js", "content": "x"}]  # fmt: skip
+
+
+def test_the_compact_schemas_accept_and_refuse_what_the_models_schemas_do(profile: Profile) -> None:
+    """Titles gone and nullable fields as type lists: every property (and every property of a shared definition) still
+    accepts and refuses exactly the values the model's own schema does, so no bound the client sees was lost."""
+    server = SandboxServer(SandboxService(load_settings({}), profile))
+    for tool in server.tool_defs.values():
+        for model in (tool.input_model, tool.output_model):
+            original = model.model_json_schema()
+            compact = compact_schema(original)
+            assert len(json.dumps(compact)) < len(json.dumps(original))
+            for before, after in zip(_objects(original), _objects(compact), strict=True):
+                assert set(before.get("properties", {})) == set(after.get("properties", {}))
+                for name, prop in before.get("properties", {}).items():
+                    old = Draft202012Validator({"$defs": original.get("$defs", {}), **prop})
+                    new = Draft202012Validator({"$defs": compact.get("$defs", {}), **after["properties"][name]})
+                    for value in PROBES:
+                        verdicts = (old.is_valid(value), new.is_valid(value))  # pyright: ignore[reportUnknownMemberType]
+                        assert verdicts[0] == verdicts[1], (tool.name, name, value)

@@ -292,7 +292,7 @@ class WriteFilesOutput(Output):
 
 class Entry(Output):
     path: str = Field(description="Relative to the workspace root.")
-    type: Literal["file", "directory"]
+    type: Literal["file", "directory"] = Field(description="A file or a directory.")
     size: int = Field(description="Bytes; 0 for directories.")
 
 
@@ -304,7 +304,7 @@ class ListFilesOutput(Output):
 
 
 class DeleteStatus(Output):
-    path: str
+    path: str = Field(description="As requested.")
     status: DeleteOutcome = Field(
         description="deleted; missing: there was no such file; not_a_file: a directory or other non-file, left alone."
     )

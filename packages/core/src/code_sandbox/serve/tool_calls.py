@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 from mcp.server import ServerRequestContext
@@ -41,8 +41,8 @@ class ToolDef(Generic[In, Out]):
         return Tool(
             name=self.name,
             description=self.description,
-            input_schema=self.input_model.model_json_schema(),
-            output_schema=self.output_model.model_json_schema(),
+            input_schema=compact_schema(self.input_model.model_json_schema()),
+            output_schema=compact_schema(self.output_model.model_json_schema()),
             annotations=self.annotations,
         )
 
@@ -52,6 +52,45 @@ class ToolDef(Generic[In, Out]):
         except ValidationError as exc:
             raise validation_error(exc) from None
         return await self.handler(params, context, counts)
+
+
+_NAMED = frozenset({"properties", "$defs", "patternProperties"})
+"""Schema keywords whose value maps names to schemas: a key there is a name, never a keyword."""
+_NULL: dict[str, Any] = {"type": "null"}
+
+
+def compact_schema(node: Any, *, names: bool = False) -> Any:
+    """A model's JSON schema as ``tools/list`` carries it, every client paying for each character: without the titles
+    pydantic generates from names (the name says as much), and with a nullable field of one simple type as a type list
+    (``{"type": ["integer", "null"]}``) rather than an ``anyOf`` with null. Every bound stays as it was."""
+    if isinstance(node, list):
+        return [compact_schema(item) for item in cast(list[Any], node)]
+    if not isinstance(node, dict):
+        return node
+    compact: dict[str, Any] = {}
+    for key, value in cast(dict[str, Any], node).items():
+        if names:
+            compact[key] = compact_schema(value)
+        elif not (key == "title" and isinstance(value, str)):
+            compact[key] = compact_schema(value, names=key in _NAMED)
+    return compact if names else _nullable_as_type(compact)
+
+
+def _nullable_as_type(schema: dict[str, Any]) -> dict[str, Any]:
+    choices = cast(list[dict[str, Any]], schema.get("anyOf", []))
+    if len(choices) != 2 or _NULL not in choices:
+        return schema
+    other = next(choice for choice in choices if choice != _NULL)
+    kind = other.get("type")
+    if not isinstance(kind, str) or set(other) & (set(schema) - {"anyOf"}):
+        return schema  # a reference, a union of its own, or keywords on both levels: left as it is
+    merged: dict[str, Any] = {**other, "type": [kind, "null"]}
+    if "const" in merged:
+        merged["enum"] = [merged.pop("const")]
+    if "enum" in merged:
+        merged["enum"] = [*cast(list[Any], merged["enum"]), None]  # null must pass the enum too
+    rest = {key: value for key, value in schema.items() if key != "anyOf"}
+    return {**merged, **rest}
 
 
 def tool_annotations(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
