@@ -52,7 +52,7 @@ from code_sandbox.settings import load_settings
 from jsonschema import Draft202012Validator
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.types import CallToolResult, ImageContent, TextContent, Tool
+from mcp.types import CallToolResult, ImageContent, ListToolsResult, TextContent, Tool
 
 from tests.conftest import WORKER_TAG
 from tests.support import inspector
@@ -144,7 +144,7 @@ async def test_the_tool_list_documents_every_parameter_with_annotations_and_outp
         "destroy_sandbox", "execute_javascript", "evaluate_javascript",
     }  # fmt: skip
     for tool in tools:
-        assert tool.description and len(tool.description) > 200, tool.name
+        assert tool.description and len(tool.description) > 120, tool.name  # purpose, and when to use a sibling
         assert tool.output_schema is not None, tool.name
         assert tool.input_schema.get("additionalProperties") is False, tool.name
         annotations = tool.annotations
@@ -168,8 +168,9 @@ def test_every_size_the_tools_mention_is_an_enforced_limit(profile: Profile) -> 
     sizes = {match.group(0) for text in texts for match in re.finditer(r"\b\d+ (?:MiB|KiB|GiB)\b", text)}
     assert sizes and sizes <= enforced, sizes - enforced
     assert not any(re.search(r"\{[a-z_]+\}", text) for text in texts)  # every placeholder was filled
-    run_text = server.tool_defs[profile.info.run_tool_name].description
-    assert f"{WORDS['memory']} of memory" in run_text and f"{WORDS['output_cap']} each" in run_text
+    run_tool = server.tool_defs[profile.info.run_tool_name].describe()
+    assert f"{WORDS['memory']} memory" in (run_tool.description or "")
+    assert f"passed {WORDS['output_cap']}" in json.dumps(run_tool.output_schema)  # the cap, where a cut is reported
     assert Hardening().memory_bytes == MEMORY_BYTES and Hardening().pids_limit == PROCESSES
 
 
@@ -1067,3 +1068,40 @@ def test_the_compact_schemas_accept_and_refuse_what_the_models_schemas_do(profil
                     for value in PROBES:
                         verdicts = (old.is_valid(value), new.is_valid(value))  # pyright: ignore[reportUnknownMemberType]
                         assert verdicts[0] == verdicts[1], (tool.name, name, value)
+
+
+TOOLS_LIST_BUDGET = 21_000
+"""Characters of the compact ``tools/list`` result JSON: every client pays for it in every conversation."""
+DESTRUCTIVE_WORDS = ("Irreversible", "destroys the sandbox", "overwrite=true")
+"""What a tool's text says when the tool may destroy or replace what is there: it must carry destructiveHint."""
+
+
+async def test_the_tool_list_fits_its_budget_says_each_fact_once_and_its_annotations_agree_with_its_text(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    async with connect(engine, tmp_path) as client:
+        listed = await client.list_tools()
+    size = len(listed.model_dump_json(by_alias=True, exclude_none=True))
+    assert size <= TOOLS_LIST_BUDGET, size
+    for tool in listed.tools:
+        descriptions = [
+            prop["description"]
+            for _kind, schema in _schemas(tool)
+            for obj in _objects(schema)
+            for prop in obj.get("properties", {}).values()
+        ]
+        repeated = {text for text in descriptions if descriptions.count(text) > 1}
+        assert not repeated, (tool.name, repeated)  # a piece used twice is a $def, described once
+        text, hints = tool.description or "", tool.annotations
+        assert hints is not None
+        assert hints.destructive_hint == any(word in text for word in DESTRUCTIVE_WORDS), tool.name
+        assert hints.read_only_hint == ("Read-only" in text), tool.name
+        assert not (hints.read_only_hint and hints.destructive_hint), tool.name
+
+
+def test_the_tool_list_fits_its_budget_under_gvisor_too(profile: Profile) -> None:
+    """Under gVisor the evaluate tool's text says first that it is refused: the list still fits."""
+    server = SandboxServer(SandboxService(load_settings({"CODE_SANDBOX_RUNTIME": "runsc"}), profile))
+    tools = [tool.describe() for tool in server.tool_defs.values()]
+    size = len(ListToolsResult(tools=tools).model_dump_json(by_alias=True, exclude_none=True))
+    assert size <= TOOLS_LIST_BUDGET, size

@@ -42,50 +42,34 @@ HELPERS = HelperFiles(
 """The helpers' sources ship inside this package (``helpers/*.mjs``); the image is built from them."""
 
 RUN_TOOL_DESCRIPTION = """\
-Run a JavaScript or TypeScript file that is already in the sandbox's workspace with Node.js 22 and return its result.
+Run a JavaScript or TypeScript file from the sandbox's workspace with Node.js 22 and return how it ended. Use it \
+after write_files, repeatedly; for one throwaway run use {execute_tool}; to explore step by step, {evaluate_tool}. \
+A run ends the sandbox's {evaluate_tool} context.
 
-Use it after create_sandbox and write_files, as often as you like (fix a file with write_files overwrite=true, \
-then run again). For a single throwaway run with no follow-up, use execute_javascript instead.
+It runs as `node --disable-proto=throw /workspace/<entrypoint> <arguments...>` in /workspace: no network, \
+{memory} memory, {cpus}, {processes} processes; calls on one sandbox queue. Files it writes under /workspace \
+persist; /tmp is scratch. Packages: {packages}. TypeScript types are stripped, never checked: import with the .ts \
+extension; enums, namespaces and parameter properties fail.
 
-The program runs as `node --disable-proto=throw /workspace/<entrypoint> <arguments...>` with cwd /workspace, \
-no shell, no network (fetch, DNS and sockets fail), {memory} of memory, {cpus} and {processes} processes. Files \
-it writes under /workspace persist for later calls; /tmp is scratch space. Only one run per sandbox at a time.
-
-Packages: {packages}.
-
-TypeScript (.ts, .mts, .cts; import other files with their .ts extension) runs through Node's built-in type \
-stripping: types are removed, never checked. Enums, namespaces and parameter properties are not supported: node \
-reports them in stderr with exit code 1.
-
-Returns exit_code, signal, timed_out, oom_killed, stdout and stderr ({output_cap} each at most, with \
-stdout_truncated/stderr_truncated set when cut, invalid UTF-8 replaced), termination_reason, duration_ms, and \
-cpu_ms and peak_memory_bytes (what the run used, from the sandbox's cgroup counters). \
-A long run sends progress notifications (if you asked for them) quoting its last output line. \
-A program killed by its timeout, its output cap or the memory limit still returns a result; a program that \
-cannot be cleaned up destroys the sandbox (error PROCESS_CLEANUP_FAILED), and so does one that stops or kills the \
-runner that supervises it (error SUPERVISOR_FAILED)."""
+A timeout, the output cap or the memory limit ends the program with a result. A program whose processes cannot be \
+cleaned up, or that stops its supervising runner, destroys the sandbox (PROCESS_CLEANUP_FAILED, SUPERVISOR_FAILED), \
+as do symlinks, hard links or special files it leaves, at the next file call (WORKSPACE_INTEGRITY)."""
 
 EVALUATE_TOOL_DESCRIPTION = """\
-Evaluate JavaScript in the sandbox's persistent context, like a REPL or a notebook cell, and return the value of \
-its last statement. Use it to explore step by step: load or compute something once, then ask about it in later \
-calls without running everything again. For a program kept in files use {run_tool}; for one throwaway run, \
-{execute_tool}.
+Evaluate JavaScript in the sandbox's persistent context, like a REPL, and return the value of its last statement. \
+Use it to explore step by step: compute something once, then ask about it in later calls. For a program kept in \
+files use {run_tool}; for one throwaway run, {execute_tool}.
 
-What persists between calls: variables, functions and classes (let, const, var, function, class) and globals. \
-Top-level await works. require('x') and import('x') load Node.js built-in modules, workspace files (the working \
-directory is /workspace) and the sandbox's packages. A let or const name cannot be declared twice: assign to it, \
-or pass reset=true. No network, {memory} of memory for everything in the sandbox, {cpus}, {processes} processes.
+Variables, functions, classes and globals persist between calls; top-level await works; require() and import(), \
+not static import, load workspace files (cwd /workspace) and packages. Packages: {packages}. A let or const \
+cannot be declared twice: assign to it, or pass reset=true. No network, {memory} memory for the whole sandbox, \
+{cpus}, {processes} processes.
 
-The context ends, and the next call starts a fresh one (context_reset=true), when a call times out \
-(timeout_seconds), passes the output cap ({output_cap} per stream), runs out of memory or crashes; reset=true \
-discards it first; a {run_tool} call in the same sandbox ends it too. Between calls the context is paused: timers \
-and unfinished promises go on during the next call. Anything else the code starts (child processes) is killed \
-when its call ends. Packages: {packages}.
-
-Returns value (util.inspect of the last statement's value, at most {value_max}) or error ({{name, message, stack}} \
-for a thrown error or a rejected promise: an error in your code is a result, not a tool error), this call's stdout \
-and stderr with their truncation flags, context_reset, context_ended (why the context ended, else null), \
-timed_out, oom_killed, duration_ms, cpu_ms and peak_memory_bytes."""
+The context ends, and the next call starts a fresh one, on a timeout, the output cap, running out of memory, a \
+crash, reset=true or a {run_tool} call. Between calls it is paused (timers resume with the next call); processes \
+it starts die with their call, and if they cannot be stopped that destroys the sandbox (PROCESS_CLEANUP_FAILED), \
+as do links or special files left in /workspace (WORKSPACE_INTEGRITY). An error your code throws is a result, not \
+a tool error."""
 
 
 # Printed as one ProbeAnswer line (see code_sandbox.channel.protocol) from inside a hardened container, for `doctor`.
@@ -171,13 +155,10 @@ class JavaScriptProfile(Profile):
 
     def describe_packages(self, packages: Sequence[str]) -> str:
         if not packages:
-            return (
-                "none beyond Node.js's built-in modules (no npm packages; require or import of anything else fails "
-                "with MODULE_NOT_FOUND, and nothing can be installed)"
-            )
+            return "Node.js's built-in modules only (anything else: MODULE_NOT_FOUND; nothing can be installed)"
         return (
-            "Node.js's built-in modules and these npm packages, read-only (require('name') or import from 'name'; "
-            "nothing else can be installed): " + ", ".join(packages)
+            "Node.js's built-in modules and these npm packages, read-only (nothing else can be installed): "
+            + ", ".join(packages)
         )
 
     def build_run_argv(self, entrypoint: str, arguments: Sequence[str]) -> list[str]:

@@ -21,33 +21,19 @@ class Output(BaseModel):
 
 class RunOutput(Output):
     exit_code: int | None = Field(description="The program's exit code; null when a signal killed it.")
-    signal: str | None = Field(description="The signal that killed the program (e.g. SIGKILL), else null.")
+    signal: str | None = Field(description="The signal that killed the program, e.g. SIGKILL.")
     timed_out: bool = Field(description="True when the program was killed at timeout_seconds.")
-    oom_killed: bool = Field(description=f"True when the {WORDS['memory']} memory limit killed the program.")
-    stdout: str = Field(description=f"Standard output, UTF-8 (invalid bytes replaced), at most {WORDS['output_cap']}.")
-    stderr: str = Field(description=f"Standard error, UTF-8 (invalid bytes replaced), at most {WORDS['output_cap']}.")
-    stdout_truncated: bool = Field(
-        description=f"True when stdout passed {WORDS['output_cap']}; the program was then killed."
-    )
-    stderr_truncated: bool = Field(
-        description=f"True when stderr passed {WORDS['output_cap']}; the program was then killed."
-    )
+    oom_killed: bool = Field(description="True when the memory limit killed the program.")
+    stdout: str = Field(description="Standard output as UTF-8 (invalid bytes replaced).")
+    stderr: str = Field(description="Standard error as UTF-8 (invalid bytes replaced).")
+    stdout_truncated: bool = Field(description=f"True when stdout passed {WORDS['output_cap']}.")
+    stderr_truncated: bool = Field(description=f"True when stderr passed {WORDS['output_cap']}.")
     termination_reason: TerminationReason = Field(description="Why the program ended.")
     duration_ms: int = Field(description="Wall-clock run time in milliseconds.")
-    cpu_ms: int | None = Field(
-        description="CPU time (user + system) the run used, in milliseconds: the program and every process it "
-        "started, read from the sandbox's cgroup counter before and after the run (so a program cannot misreport "
-        "it; the supervising runner's own small share is included). Under gVisor, the engine's counter for the whole "
-        "sandbox, gVisor's own kernel included. Null where no counter can be read."
-    )
+    cpu_ms: int | None = Field(description="CPU time of the program and its children, in ms; null if unreadable.")
     peak_memory_bytes: int | None = Field(
-        description="The most memory the run used at once, in bytes: the sandbox cgroup's memory (the program, "
-        "its children and the files they wrote to /workspace and /tmp) above what it used just before the run, "
-        "from the cgroup's high-water mark when the run set a new one, else its highest sample (every 20 ms), "
-        "so a short spike below an earlier run's peak can be missed; if the program stopped or reprioritised the "
-        "supervising runner, the cgroup's high-water mark instead (never less than the truth). Under gVisor, from "
-        "the engine's high-water mark when the run set a new one, gVisor's own kernel included, else null. Null "
-        "where the counter cannot be read."
+        description="Peak memory above the sandbox's use before the run, in bytes (written files count); null if "
+        "unreadable."
     )
 
 
@@ -65,36 +51,30 @@ class RunResult(RunOutput):
 
 
 class ThrownErrorOutput(Output):
-    name: str = Field(description="The error's name, e.g. TypeError; Uncaught when something else was thrown.")
-    message: str = Field(description="The error's message (or what was thrown, rendered).")
-    stack: str = Field(description="The stack frames in your code (evaluated code, workspace files, packages).")
+    name: str = Field(description="E.g. TypeError; Uncaught when a non-error was thrown.")
+    message: str = Field(description="The message, or what was thrown, rendered.")
+    stack: str = Field(description="The frames in your code.")
 
 
 class EvaluateOutput(Output):
     value: str | None = Field(
-        description=f"The value of the last statement, rendered for reading (at most {WORDS['value_max']} of "
-        "characters, nested objects abbreviated); null when the code threw or the context ended."
+        description=f"The last statement's value as util.inspect renders it, at most {WORDS['value_max']}; null with "
+        "error or context_ended."
     )
     error: ThrownErrorOutput | None = Field(
-        description="What the code threw, or the rejection of a promise it awaited; null when it did not. The "
-        "context lives on."
+        description="What the code threw, or an awaited promise's rejection; the context lives on."
     )
-    stdout: str = Field(description=f"What this call wrote to standard output, at most {WORDS['output_cap']}.")
-    stderr: str = Field(description=f"What this call wrote to standard error, at most {WORDS['output_cap']}.")
-    stdout_truncated: bool = Field(description=f"True when stdout passed {WORDS['output_cap']}; the context ended.")
-    stderr_truncated: bool = Field(description=f"True when stderr passed {WORDS['output_cap']}; the context ended.")
-    context_reset: bool = Field(
-        description="True when this call started a fresh context: the first call, after reset=true, or after the "
-        "context ended (a timeout, output cap, memory limit, crash, or a run in this sandbox)."
-    )
-    context_ended: ContextEnd | None = Field(
-        description="Null while the context lives on; else why it ended during this call (every variable is gone)."
-    )
-    timed_out: bool = Field(description="True when the evaluation was stopped at timeout_seconds.")
-    oom_killed: bool = Field(description=f"True when the {WORDS['memory']} memory limit ended the context.")
+    stdout: str = Field(description="What this call wrote to standard output.")
+    stderr: str = Field(description="What this call wrote to standard error.")
+    stdout_truncated: bool = Field(description=f"True when stdout passed {WORDS['output_cap']}.")
+    stderr_truncated: bool = Field(description=f"True when stderr passed {WORDS['output_cap']}.")
+    context_reset: bool = Field(description="True when this call started a fresh context.")
+    context_ended: ContextEnd | None = Field(description="Why the context ended in this call; null while it lives.")
+    timed_out: bool = Field(description="context_ended is timed_out.")
+    oom_killed: bool = Field(description="context_ended is oom_killed.")
     duration_ms: int = Field(description="Wall-clock time of the call in milliseconds.")
-    cpu_ms: int | None = Field(description="CPU time the call used, in milliseconds, as for runs.")
-    peak_memory_bytes: int | None = Field(description="The most memory the call used at once, as for runs.")
+    cpu_ms: int | None = Field(description="CPU time of the call, in ms; null if unreadable.")
+    peak_memory_bytes: int | None = Field(description="Peak memory above the use before the call; null if unreadable.")
 
 
 class Evaluation(EvaluateOutput):
@@ -107,14 +87,10 @@ class Evaluation(EvaluateOutput):
 
 
 class ReadFileOutput(Output):
-    content: str = Field(
-        description="The file's text, or its first max_bytes bytes cut at a character boundary; with encoding "
-        "base64, its bytes (at most max_bytes of them) in base64."
-    )
+    content: str = Field(description="The text, or with encoding base64 the bytes in base64; max_bytes at most.")
     size: int = Field(description="The whole file's size in bytes.")
-    truncated: bool = Field(description="True when content is only the beginning of the file.")
+    truncated: bool = Field(description="True when content is the file's beginning only.")
     image_type: str | None = Field(
         default=None,
-        description="image/png, image/jpeg, image/gif or image/webp when content is a whole picture of at most "
-        "1 MiB (found by its first bytes, not its name); the result then also carries it as an image.",
+        description="The MIME type when the file was also sent as an image.",
     )

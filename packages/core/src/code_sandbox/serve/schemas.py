@@ -38,7 +38,7 @@ class StrictInput(BaseModel):
 SessionId = Annotated[
     str,
     Field(
-        description="The sandbox's opaque ID, exactly as create_sandbox returned it (43 URL-safe characters).",
+        description="From create_sandbox.",
         pattern=SESSION_ID_PATTERN,
         min_length=43,
         max_length=43,
@@ -48,10 +48,8 @@ PathInput = Annotated[
     WorkspacePath,
     Field(
         description=(
-            "A path relative to the workspace root, with '/' separators, e.g. 'data/input.txt'. No absolute paths, "
-            "'..', '.', empty components, drive letters, ':' or a leading '-'; no control, invisible (bidi, "
-            "zero-width), line-separator, private-use or unassigned characters. "
-            f"At most {MAX_PATH_BYTES} bytes and {MAX_PATH_DEPTH} levels."
+            f"Relative to the workspace, e.g. 'data/input.txt', at most {MAX_PATH_DEPTH} levels; no '..', absolute "
+            "path, ':', leading '-' or invisible character (PATH_TRAVERSAL, INVALID_PATH)."
         )
     ),
 ]
@@ -66,15 +64,13 @@ class FileInput(StrictInput):
     content: Annotated[
         str,
         Field(
-            description=f"The file's full text, or with encoding base64 its bytes in base64. At most "
-            f"{WORDS['file_max']} once encoded (UTF-8) or decoded (base64).",
+            description="The file's text, or with encoding base64 its bytes in base64.",
             max_length=(MAX_FILE_BYTES + 2) // 3 * 4,
         ),
     ]
     encoding: Encoding = Field(
         default="utf-8",
-        description="utf-8 (the default): content is text. base64: content is any bytes (a picture, a zip...), "
-        "in standard base64.",
+        description="utf-8: content is text; base64: content is any bytes in standard base64.",
     )
 
     _decoded: bytes | None = PrivateAttr(default=None)
@@ -97,9 +93,8 @@ Files = Annotated[
     list[FileInput],
     Field(
         description=(
-            "1 to {files_per_call} files to write. Missing parent directories are created. Limits: {file_max} a "
-            "file, {request_max} a request, and a workspace of at most {entries} entries (files and directories "
-            "both count) and {workspace}."
+            "The files: {file_max} each, {request_max} in all (FILE_TOO_LARGE); the workspace holds at most "
+            "{entries} files and directories and {workspace} (WORKSPACE_LIMIT_EXCEEDED)."
         ).format(**WORDS),
         min_length=1,
         max_length=MAX_FILES_PER_CALL,
@@ -120,8 +115,7 @@ class WriteFilesInput(StrictInput):
     files: Files
     overwrite: bool = Field(
         default=False,
-        description="Replace files that already exist. When false (the default) an existing file is left "
-        "untouched and reported as 'exists'.",
+        description="Replace existing files; when false an existing file is left as it is (status exists).",
     )
 
 
@@ -129,17 +123,16 @@ class ListFilesInput(StrictInput):
     session_id: SessionId
     path: str = Field(
         default=".",
-        description="The directory to list, relative to the workspace root; '.' (the default) is the root. "
-        "The same rules as every path: no control or invisible characters.",
+        description="The directory to list, relative to the workspace root; '.' is the root (NOT_FOUND, INVALID_PATH).",
         min_length=1,
         max_length=MAX_PATH_BYTES,
     )
-    recursive: bool = Field(default=True, description="Descend into subdirectories (up to max_depth).")
+    recursive: bool = Field(default=True, description="Descend into subdirectories.")
     max_depth: int = Field(
         default=MAX_LIST_DEPTH,
         ge=0,
         le=MAX_LIST_DEPTH,
-        description="How many directory levels below 'path' to descend; 0 lists only its direct children.",
+        description="Levels below path to descend; 0: direct children only.",
     )
 
 
@@ -150,22 +143,19 @@ class ReadFileInput(StrictInput):
         default=DEFAULT_READ_BYTES,
         ge=1,
         le=MAX_FILE_BYTES,
-        description=f"Return at most this many bytes (default {DEFAULT_READ_BYTES}, at most {WORDS['file_max']}); "
-        "a cut sets truncated=true, and never splits a character of text.",
+        description="Return at most this many bytes (truncated=true when cut; text is never cut mid-character).",
     )
     encoding: Encoding = Field(
         default="utf-8",
-        description="utf-8 (the default): return text (BINARY_FILE if the file is not UTF-8 text). base64: return "
-        "the bytes in base64, whatever they are; a whole PNG, JPEG, GIF or WebP picture of at most 1 MiB also "
-        "comes back as an image.",
+        description="utf-8: text (BINARY_FILE for invalid UTF-8 or NUL bytes); base64: any bytes, in base64, and a "
+        "PNG, JPEG, GIF or WebP within max_bytes and 1 MiB also as an image.",
     )
 
 
 class DeleteFilesInput(StrictInput):
     session_id: SessionId
     paths: list[PathInput] = Field(
-        description=f"1 to {MAX_FILES_PER_CALL} regular files to delete. Directories and the workspace root cannot "
-        "be deleted.",
+        description="Regular files to delete; one invalid path refuses the whole call before anything is deleted.",
         min_length=1,
         max_length=MAX_FILES_PER_CALL,
     )
@@ -208,7 +198,7 @@ def _timeout_field(default_timeout: int, max_timeout: int, action: str, then: st
             default=default_timeout,
             ge=1,
             le=max_timeout,
-            description=f"{action} after this many seconds (1 to {max_timeout}, default {default_timeout}); {then}.",
+            description=f"Seconds before {action}{then}.",
         ),
     )
 
@@ -218,16 +208,15 @@ def evaluate_input_model(*, default_timeout: int, max_timeout: int) -> type[Eval
     code: Any = (
         str,
         Field(
-            description="The code to evaluate in the sandbox's context, one statement or many; the value of the last "
-            f"one is returned. At most {WORDS['code_max']} (characters).",
+            description="One statement or many; the last one's value is returned.",
             max_length=MAX_CODE_CHARS,
         ),
     )
     timeout = _timeout_field(
         default_timeout,
         max_timeout,
-        "End the evaluation",
-        "the context then ends too and the next call starts a fresh one",
+        "the evaluation is stopped",
+        "; the context ends too",
     )
     reset: Any = (bool, Field(default=False, description="Discard the context first and start a fresh one."))
     return create_model("EvaluateInput", __base__=EvaluateInput, code=code, timeout_seconds=timeout, reset=reset)
@@ -242,7 +231,7 @@ def run_input_models(
         str,
         Field(
             description=f"The file to run, relative to the workspace root, ending in {suffixes}; e.g. "
-            f"'{example_entrypoint}'. The same rules as every path: no control or invisible characters.",
+            f"'{example_entrypoint}'.",
             min_length=1,
             max_length=MAX_PATH_BYTES,
         ),
@@ -251,12 +240,11 @@ def run_input_models(
         list[Argument],
         Field(
             default_factory=list,
-            description=f"Command-line arguments, passed verbatim (no shell): at most {MAX_ARGUMENTS}, each at most "
-            f"{MAX_ARGUMENT_BYTES} bytes, no NUL characters.",
+            description="Command-line arguments, passed verbatim (no shell).",
             max_length=MAX_ARGUMENTS,
         ),
     )
-    timeout = _timeout_field(default_timeout, max_timeout, "Kill the program", "the result then has timed_out=true")
+    timeout = _timeout_field(default_timeout, max_timeout, "the program is killed", " (timed_out=true)")
     run = create_model(
         "RunInput", __base__=RunInput, entrypoint=entrypoint, arguments=arguments, timeout_seconds=timeout
     )
@@ -270,20 +258,16 @@ def run_input_models(
 
 
 class CreateSandboxOutput(Output):
-    session_id: str = Field(description="Pass this to every other tool. It is a secret-like random token.")
+    session_id: str = Field(description="Pass it to every other tool; keep it private.")
     expires_at: str = Field(description="UTC time (ISO 8601) when the sandbox is destroyed whatever happens.")
     idle_timeout_seconds: int = Field(description="The sandbox is destroyed after this long without a call.")
-    profile: str = Field(description="The name of the runtime profile that serves the sandbox.")
-    packages: list[str] = Field(
-        description="The packages a program in this sandbox can import by name, as name@version; empty: none."
-    )
+    profile: str = Field(description="The runtime profile serving the sandbox.")
+    packages: list[str] = Field(description="What a program can import by name, as name@version.")
 
 
 class FileStatus(Output):
     path: str = Field(description="The normalised path.")
-    status: WriteStatus = Field(
-        description="written: created; overwritten: replaced; exists: already there and left as it was."
-    )
+    status: WriteStatus = Field(description="exists: already there, left as it was (overwrite=false).")
 
 
 class WriteFilesOutput(Output):
@@ -298,16 +282,12 @@ class Entry(Output):
 
 class ListFilesOutput(Output):
     entries: list[Entry] = Field(description="Sorted by path.")
-    truncated: bool = Field(
-        description=f"True when more than {WORDS['list_max']} entries existed and the list was cut."
-    )
+    truncated: bool = Field(description=f"True when the list was cut at {WORDS['list_max']} entries.")
 
 
 class DeleteStatus(Output):
     path: str = Field(description="As requested.")
-    status: DeleteOutcome = Field(
-        description="deleted; missing: there was no such file; not_a_file: a directory or other non-file, left alone."
-    )
+    status: DeleteOutcome = Field(description="missing: nothing there (not an error); not_a_file: left alone.")
 
 
 class DeleteFilesOutput(Output):

@@ -117,6 +117,9 @@ class SandboxServer(Server[None]):
             max_timeout=settings.max_timeout,
         )
         mutating = tool_annotations(read_only=False, destructive=False, idempotent=False)
+        # User code can change the workspace, and a run or an evaluation whose cleanup cannot be proven destroys the
+        # sandbox: both tools may destroy what is there.
+        supervised = tool_annotations(read_only=False, destructive=True, idempotent=False)
         tools: list[ToolDef[Any, Any]] = [
             ToolDef("create_sandbox", tool_text.CREATE_SANDBOX.format(**words), CreateSandboxInput,
                     CreateSandboxOutput, mutating, self._create),
@@ -128,7 +131,7 @@ class SandboxServer(Server[None]):
                     tool_annotations(read_only=True, destructive=False, idempotent=True), self._read),
             ToolDef("delete_files", tool_text.DELETE_FILES.format(**words), DeleteFilesInput, DeleteFilesOutput,
                     tool_annotations(read_only=False, destructive=True, idempotent=True), self._delete),
-            ToolDef(info.run_tool_name, "", run_model, RunOutput, mutating, self._run),
+            ToolDef(info.run_tool_name, "", run_model, RunOutput, supervised, self._run),
             ToolDef("destroy_sandbox", tool_text.DESTROY_SANDBOX.format(**words), SessionInput, DestroyOutput,
                     tool_annotations(read_only=False, destructive=True, idempotent=True), self._destroy),
             ToolDef(self.execute_tool_name, "", execute_model, RunOutput, mutating, self._execute),
@@ -137,7 +140,9 @@ class SandboxServer(Server[None]):
             evaluate_model = evaluate_input_model(
                 default_timeout=settings.default_timeout, max_timeout=settings.max_timeout
             )
-            tools.append(ToolDef(info.evaluate_tool_name, "", evaluate_model, EvaluateOutput, mutating, self._evaluate))
+            tools.append(
+                ToolDef(info.evaluate_tool_name, "", evaluate_model, EvaluateOutput, supervised, self._evaluate)
+            )
         self.tool_defs = {tool.name: tool for tool in tools}
         self._described: tuple[str, ...] = ()
         """The package list the run tools' descriptions name now."""

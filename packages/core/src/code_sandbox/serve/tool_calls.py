@@ -59,16 +59,16 @@ _NAMED = frozenset({"properties", "$defs", "patternProperties"})
 _NULL: dict[str, Any] = {"type": "null"}
 
 
-def compact_schema(node: Any, *, names: bool = False) -> Any:
+def compact_schema(piece: Any, *, names: bool = False) -> Any:
     """A model's JSON schema as ``tools/list`` carries it, every client paying for each character: without the titles
     pydantic generates from names (the name says as much), and with a nullable field of one simple type as a type list
     (``{"type": ["integer", "null"]}``) rather than an ``anyOf`` with null. Every bound stays as it was."""
-    if isinstance(node, list):
-        return [compact_schema(item) for item in cast(list[Any], node)]
-    if not isinstance(node, dict):
-        return node
+    if isinstance(piece, list):
+        return [compact_schema(item) for item in cast(list[Any], piece)]
+    if not isinstance(piece, dict):
+        return piece
     compact: dict[str, Any] = {}
-    for key, value in cast(dict[str, Any], node).items():
+    for key, value in cast(dict[str, Any], piece).items():
         if names:
             compact[key] = compact_schema(value)
         elif not (key == "title" and isinstance(value, str)):

@@ -19,11 +19,19 @@ if TYPE_CHECKING:
 
 def words(settings: Settings, info: ProfileInfo) -> dict[str, str | int]:
     """The placeholders of every text here: the limits, the profile's names, and this server's settings."""
+    evaluate = info.evaluate_tool_name
     return {
         **WORDS,
         "language": info.language,
         "run_tool": info.run_tool_name,
         "execute_tool": info.execute_tool_name,
+        "evaluate_tool": evaluate or "",
+        # Where the profile has an evaluate tool, the other tools name it as the way to explore step by step.
+        "or_explore": f" or to explore in with {evaluate}" if evaluate else "",
+        "explore": f"; to explore step by step, {evaluate}" if evaluate else "",
+        "explore_line": f"\n- Exploring step by step in a sandbox: {evaluate}, a persistent context."
+        if evaluate
+        else "",
         "example_path": info.example_path,
         "idle": settings.idle_timeout,
         "lifetime": settings.max_lifetime,
@@ -53,8 +61,8 @@ def evaluate_tool_description(settings: Settings, profile: Profile, packages: tu
     if settings.runtime != GVISOR_RUNTIME:
         return text
     return (
-        f"Not available on this server (it runs sandboxes under gVisor): every call fails with NOT_SUPPORTED; use "
-        f"{profile.info.run_tool_name} instead.\n\n{text}"
+        f"Not available on this server (gVisor): calls fail with NOT_SUPPORTED; use {profile.info.run_tool_name}."
+        f"\n\n{text}"
     )
 
 
@@ -79,77 +87,45 @@ Disposable, offline {language} sandboxes for running code you wrote. Nothing you
 the user's files or their secrets.
 - One-off run: {execute_tool} (files in, result out, sandbox removed).
 - Iterating: create_sandbox -> write_files -> {run_tool} -> read the result -> write_files (overwrite=true) -> \
-{run_tool} again ... -> destroy_sandbox when done.
+{run_tool} again ... -> destroy_sandbox when done.{explore_line}
 - A sandbox expires after {idle}s without a call and {lifetime}s after creation; at most {sessions} exist at once.
-Errors start with a stable code (e.g. PATH_TRAVERSAL: ...). Codes that say the sandbox was destroyed mean: \
-create a new one."""
+Errors start with a stable code (e.g. PATH_TRAVERSAL: ...). INVALID_SESSION, SESSION_EXPIRED, or a message saying \
+the sandbox was destroyed means: create a new one."""
 
 CREATE_SANDBOX = """\
-Create a new, empty, offline sandbox and return its session_id. Use it when you will write files and run them \
-more than once (iterate, fix, rerun); for a single run use {execute_tool} instead, which needs no cleanup.
+Create an empty, offline sandbox to iterate in (write files, run, fix, rerun){or_explore}. For a single run use \
+{execute_tool}, which needs no cleanup.
 
-Side effects: starts one isolated container (no network, read-only system, {memory} memory, {cpus}, {processes} \
-processes, a {workspace} workspace at /workspace). At most {sessions} sandboxes may exist at once \
-(SESSION_LIMIT_EXCEEDED otherwise: destroy one you no longer need). The sandbox is destroyed automatically after \
-{idle}s without a call or {lifetime}s after creation, whichever comes first.
-
-Returns session_id (pass it to every other tool), expires_at, idle_timeout_seconds, profile and packages \
-(the packages a program can import by name, as name@version; empty when there are none)."""
+One isolated container: no network, read-only system, {memory} memory, {cpus}, {processes} processes, a \
+{workspace} workspace. At most {sessions} exist at once (SESSION_LIMIT_EXCEEDED: destroy_sandbox one). Destroyed after \
+{idle}s without a call or {lifetime}s after creation."""
 
 WRITE_FILES = """\
-Write one or more files into a sandbox's workspace, creating parent directories: text, or any bytes (data, \
-pictures) as base64 with encoding="base64". Use it to add source files before {run_tool}, and with \
-overwrite=true to replace a file you are fixing. To run files once without keeping a sandbox, use \
-{execute_tool} instead.
-
-Limits, all checked before anything is written (a refused call changes nothing): 1-{files_per_call} files per \
-call, {file_max} per file once decoded (FILE_TOO_LARGE), {request_max} per call, and a workspace of at most \
-{entries} entries \
-(files and directories both count) and {workspace} (WORKSPACE_LIMIT_EXCEEDED). Paths are relative \
-('{example_path}'); '..', absolute paths and other escapes are refused (PATH_TRAVERSAL, INVALID_PATH).
-
-Returns a status per file: written, overwritten, or exists (left untouched because overwrite was false)."""
+Write files into a sandbox's workspace (parent directories are created): text, or any bytes as base64. Use it \
+before {run_tool}, and with overwrite=true to fix a file; {execute_tool} takes its own files. Limits are checked \
+first: a refused call changes nothing."""
 
 LIST_FILES = """\
-List files and directories in a sandbox's workspace, including files your programs created. Read-only. Use it \
-to check what exists before reading or running; use read_file to see a file's content.
-
-Returns entries {{path, type ('file' or 'directory'), size in bytes}} sorted by path, and truncated=true when \
-more than {list_max} entries matched."""
+List the files and directories in a sandbox's workspace, including those your programs wrote. Read-only. Use \
+read_file for a file's content. recursive=false lists path's direct children and ignores max_depth."""
 
 READ_FILE = """\
-Read a file from a sandbox's workspace, e.g. output your program wrote. Read-only. Use list_files first when \
-you do not know the exact path.
-
-Returns content (at most max_bytes bytes, never cutting a character), size (the whole file) and truncated. \
-Text by default: files with invalid UTF-8 or NUL bytes are refused with BINARY_FILE; read them with \
-encoding="base64" to get their bytes in base64. A whole PNG, JPEG, GIF or WebP of at most 1 MiB read that way \
-also comes back as an image (image_type says which). Missing files: NOT_FOUND."""
+Read a file from a sandbox's workspace, e.g. output your program wrote. Read-only. Use list_files when you do \
+not know the path. A missing file is NOT_FOUND."""
 
 DELETE_FILES = """\
-Delete regular files from a sandbox's workspace. Irreversible. Use it to remove stale files before a rerun; to \
-discard everything, use destroy_sandbox instead. Directories and the workspace root cannot be deleted.
-
-Returns a status per path: deleted, missing (nothing there; not an error), or not_a_file (a directory, left \
-alone)."""
+Delete files from a sandbox's workspace. Irreversible. Use it to remove stale files before a rerun; to discard \
+everything, destroy_sandbox. Directories are never deleted (not_a_file)."""
 
 DESTROY_SANDBOX = """\
-Destroy a sandbox: stop its container and discard its workspace and every file in it. Irreversible. Call it \
-when you are done iterating ({execute_tool} sandboxes need no destroy). Safe to call twice: destroying an \
-unknown or already destroyed sandbox returns destroyed=false, not an error.
-
-The sandbox is unusable once this returns and its container is removed right after. If the engine cannot be \
-reached to stop it, the error is CONTAINER_REMOVAL_FAILED; the sandbox is disabled all the same and its \
-removal is retried automatically."""
+Destroy a sandbox and every file in it. Irreversible. Call it when done iterating ({execute_tool} needs none). \
+Safe to repeat. Unusable once this returns; if the engine cannot be reached, CONTAINER_REMOVAL_FAILED: removal is \
+retried, and it counts toward the limit until then."""
 
 EXECUTE = """\
-Run {language} in one call: create a fresh sandbox, write the given files, run the entrypoint, return the \
-result, and destroy the sandbox whatever happened. Use it for a single self-contained run. To iterate (run, \
-fix a file, run again) use create_sandbox, write_files and {run_tool} instead, which keep the files.
+Run {language} once in a fresh sandbox: write the files, run the entrypoint (one of them), return the result, \
+then destroy the sandbox and every file the program wrote, whatever happened. To iterate, use create_sandbox, \
+write_files and {run_tool}{explore}.
 
-The program runs exactly as with {run_tool}: no network, {memory} memory, output capped at {output_cap} per stream, \
-timeout_seconds up to {max_timeout}. Same file limits as write_files. Counts against the sandbox limit while \
-it runs. Packages: {packages}.
-
-Returns exit_code, signal, timed_out, oom_killed, stdout, stderr, the truncation flags, termination_reason, \
-duration_ms, cpu_ms and peak_memory_bytes."""
+It runs as {run_tool} runs it: no network, {memory} memory, {cpus}, {processes} processes; it counts toward the \
+{sessions}-sandbox limit (SESSION_LIMIT_EXCEEDED). Packages: {packages}."""
