@@ -37,7 +37,9 @@ async def test_a_container_removed_during_a_run_gives_a_clear_error_and_the_next
         await anyio.to_thread.run_sync(engine.remove_container, arena.victim.container_id)
 
     errors, seconds = await errors_of_a_run_broken_by(arena.manager, arena.victim.id, remove_it)
-    assert seconds < 10
+    # Well before the program's own 30 s: the run ends because its container is gone. Alone this takes under 2 s on
+    # either runtime; under gVisor the engine's calls slow most on a loaded CI machine (12 s was seen there).
+    assert seconds < (20 if arena.gvisor else 10)
     assert [e.code for e in errors] == [ErrorCode.CONTAINER_UNAVAILABLE]
     replacement = await arena.manager.create()
     await write_files(arena.manager, replacement.id, [("ok.js", "console.log('fine')")], overwrite=False)
