@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 from code_sandbox.channel.transport import runtime_argv
-from code_sandbox.docker_engine import DockerEngine, build_create_arguments
+from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.hardening import (
     ENVIRONMENT,
     LABEL_EXPIRES_AT,
@@ -43,6 +43,7 @@ from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.settings import load_settings
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from run import raw_create_and_start, server_rss_kib  # bench/run.py: the floor's containers, a server's RSS
 
 RESULTS = Path(__file__).parent / "results"
 HELLO = "console.log('hello')"
@@ -91,15 +92,11 @@ def server_params(state: Path, tag: str, sessions: int) -> StdioServerParameters
 
 
 def server_rss_mib(state: Path) -> float:
-    """The RSS of the server whose state directory is ``state`` (told apart by its environment)."""
-    marker = f"XDG_STATE_HOME={state}".encode()
-    for pid in os.listdir("/proc"):
-        with contextlib.suppress(OSError):
-            serving = pid.isdigit() and b"code-sandbox\x00serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
-            if serving and marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\x00"):
-                status = Path(f"/proc/{pid}/status").read_text()
-                return int(status.split("VmRSS:")[1].split()[0]) / 1024
-    return float("nan")
+    """The RSS of the server whose state directory is ``state``; NaN when it is not found."""
+    try:
+        return server_rss_kib(state) / 1024
+    except RuntimeError:
+        return float("nan")
 
 
 async def one_server(sessions: int, in_flight: int, seconds: float, state: Path, tag: str, tally: Tally) -> float:
@@ -179,9 +176,7 @@ def exec_floor(engine: DockerEngine, in_flight: int, seconds: float) -> dict[str
     labels = {LABEL_MANAGED: "true", LABEL_EXPIRES_AT: str(int(time.time()) + 600)}
     watchdog = runtime_argv(engine, profile, [*profile.helper_argv("watchdog"), "600"])
     request = ContainerRequest(image_id=image.id, command=watchdog, labels=labels, apparmor=False)
-    create_kwargs, host_kwargs = build_create_arguments(
-        request, start=True, runtime=runtime, architecture=engine.daemon_facts().architecture
-    )
+    architecture = engine.daemon_facts().architecture
     containers: list[str] = []
     samples: list[float] = []
     errors: list[str] = []
@@ -189,9 +184,7 @@ def exec_floor(engine: DockerEngine, in_flight: int, seconds: float) -> dict[str
     deadline = time.monotonic() + seconds
     try:
         for _ in range(in_flight):
-            created = api.create_container(**create_kwargs, host_config=api.create_host_config(**host_kwargs))
-            api.start(created["Id"])
-            containers.append(created["Id"])
+            containers.append(raw_create_and_start(api, request, runtime, architecture))
 
         def worker(container_id: str) -> None:
             while time.monotonic() < deadline:

@@ -93,7 +93,7 @@ def raw_floor(engine: DockerEngine, iterations: int, image_id: str, watchdog: li
     else:
 
         def create() -> str:
-            return _raw_create_and_start(api, request, runtime, engine.daemon_facts().architecture)
+            return raw_create_and_start(api, request, runtime, engine.daemon_facts().architecture)
 
         def remove(container_id: str) -> None:
             api.remove_container(container_id, force=True)
@@ -112,7 +112,7 @@ def raw_floor(engine: DockerEngine, iterations: int, image_id: str, watchdog: li
     return samples
 
 
-def _raw_create_and_start(api: Any, request: ContainerRequest, runtime: RuntimeFacts, architecture: str) -> str:
+def raw_create_and_start(api: Any, request: ContainerRequest, runtime: RuntimeFacts, architecture: str) -> str:
     create_kwargs, host_kwargs = build_create_arguments(request, start=True, runtime=runtime, architecture=architecture)
     container = api.create_container(**create_kwargs, host_config=api.create_host_config(**host_kwargs))
     api.start(container["Id"])
@@ -309,15 +309,19 @@ async def server_memory_and_startup(calls: int) -> dict[str, float]:
             allowed = {"list_files": ["session_id"], "read_file": ["session_id", "path"],
                        "run_javascript": ["session_id", "entrypoint"]}[tool]  # fmt: skip
             await client.call_tool(tool, {k: arguments[k] for k in allowed})
-        rss_kib = _server_rss_kib()
+        rss_kib = server_rss_kib()
         await client.call_tool("destroy_sandbox", {"session_id": sid})
     return {"startup_to_initialize_ms": startup * 1000, "rss_after_calls_mib": rss_kib / 1024, "calls": calls}
 
 
-def _server_rss_kib() -> int:
+def server_rss_kib(state: Path | None = None) -> int:
+    """The RSS of the running ``code-sandbox serve``; with ``state``, of the one whose state directory that is (told
+    apart by its environment, where several run side by side)."""
+    marker = f"XDG_STATE_HOME={state}".encode()
     for pid in os.listdir("/proc"):
         with contextlib.suppress(OSError):
-            if pid.isdigit() and b"code-sandbox\x00serve" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            serving = pid.isdigit() and b"code-sandbox\x00serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            if serving and (state is None or marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\x00")):
                 status = Path(f"/proc/{pid}/status").read_text()
                 return int(status.split("VmRSS:")[1].split()[0])
     raise RuntimeError("the server process was not found")
@@ -377,7 +381,7 @@ async def density(count: int, image_id: str, runtime: RuntimeFacts, engine: Dock
             group.start_soon(manager.run_reaper)
             sessions: list[Session] = []
             for _ in range(count):
-                floors.append(_raw_create_and_start(api, floor_request, runtime, architecture))
+                floors.append(raw_create_and_start(api, floor_request, runtime, architecture))
                 session = await manager.create()
                 await write_files(manager, session.id, [("index.js", "console.log('hello')")], overwrite=False)
                 await run_entrypoint(manager, session.id, "index.js", [], timeout_seconds=10)

@@ -22,7 +22,7 @@ from code_sandbox.sandbox.results import RunResult
 from code_sandbox.sandbox.sessions import Session, SessionManager
 from code_sandbox.sandbox.workspace import write_files
 
-from tests.security.conftest import sandbox_processes
+from tests.security.conftest import sandbox_members, sandbox_processes
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
@@ -122,8 +122,8 @@ async def test_the_survey_spares_the_waiting_process_only_as_the_channels_child_
     child of the channel started since then is spared; one that started earlier, or anyone else's child, is not."""
     await run(manager, session, "main.js", "console.log(1)")
     assert await anyio.to_thread.run_sync(_waiting, session) == 1
-    _waiting_pid, started = await anyio.to_thread.run_sync(_process_of, session, b"/opt/sandbox/start.mjs")
-    channel, _started = await anyio.to_thread.run_sync(_process_of, session, b"/opt/sandbox/runner.mjs\x00--channel")
+    _waiting_pid, started = await anyio.to_thread.run_sync(_process_of, session, "next run")
+    channel, _started = await anyio.to_thread.run_sync(_process_of, session, "channel")
     engine = manager.provisioner.engine
     argv = [*profile.helper_argv("runner"), *SURVEY_ARGV_TAIL]
 
@@ -146,7 +146,7 @@ async def test_a_waiting_process_that_was_stopped_or_died_is_not_used(
     program gets a fresh process: its run never times out in a stopped process or reports another's end."""
     await run(manager, session, "main.js", "console.log(1)")
     assert await anyio.to_thread.run_sync(_waiting, session) == 1
-    host_pid = await anyio.to_thread.run_sync(_host_pid_of, session, b"/opt/sandbox/start.mjs")
+    host_pid = await anyio.to_thread.run_sync(_host_pid_of, session, "next run")
     os.kill(host_pid, fault)
     result = await run(manager, session, "main.js", "console.log('fresh')")
     assert (result.stdout, result.exit_code, result.timed_out) == ("fresh\n", 0, False)
@@ -165,22 +165,17 @@ def _waiting(session: Session, want: int = 1) -> int:
         time.sleep(0.05)
 
 
-def _host_pid_of(session: Session, marker: bytes) -> int:
-    """The host pid of the sandbox's one process whose command line holds ``marker``."""
-    for entry in Path("/proc").iterdir():
-        try:
-            mine = session.container_id.encode() in (entry / "cgroup").read_bytes()
-            if mine and marker in (entry / "cmdline").read_bytes():
-                return int(entry.name)
-        except (OSError, ValueError):
-            continue
-    raise AssertionError("no such process in the sandbox")
+def _host_pid_of(session: Session, role: str) -> int:
+    """The host pid of the sandbox's one process in ``role`` (``tests.security.conftest.HELPER_ROLES``)."""
+    pids = [pid for pid, name, _state in sandbox_members(session.container_id, session.uid) if name == role]
+    assert len(pids) == 1, (role, pids)
+    return pids[0]
 
 
-def _process_of(session: Session, marker: bytes) -> tuple[int, int]:
+def _process_of(session: Session, role: str) -> tuple[int, int]:
     """That process's pid in the container's pid namespace (the last of NSpid) and its start time (clock ticks after
     boot)."""
-    entry = Path(f"/proc/{_host_pid_of(session, marker)}")
+    entry = Path(f"/proc/{_host_pid_of(session, role)}")
     status = (entry / "status").read_text()
     inner = int(next(line for line in status.splitlines() if line.startswith("NSpid:")).split()[-1])
     return inner, int((entry / "stat").read_text().rsplit(")", 1)[1].split()[19])

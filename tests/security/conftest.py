@@ -62,10 +62,11 @@ def role(cmdline: str, name: str) -> str:
     return next((role for key, role in HELPER_ROLES if key in cmdline), name)
 
 
-def sandbox_processes(container_id: str, uid: int) -> dict[str, int]:
-    """Host processes that belong to one sandbox: inside its container's cgroup, or running as its uid anywhere.
-    Counted by role (:data:`HELPER_ROLES`; anything else by command name) and scheduler state (R, S, D, Z, ...)."""
-    states: dict[str, int] = {}
+def sandbox_members(container_id: str, uid: int) -> list[tuple[int, str, str]]:
+    """Host processes that belong to one sandbox: inside its container's cgroup, or running as its uid anywhere. Each
+    as its host pid, its role (:data:`HELPER_ROLES`; anything else by command name) and scheduler state (R, S, D, Z,
+    ...)."""
+    members: list[tuple[int, str, str]] = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -77,8 +78,15 @@ def sandbox_processes(container_id: str, uid: int) -> dict[str, int]:
             stat = Path(f"/proc/{pid}/stat").read_text()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             name = role(cmdline, stat.split("(", 1)[1].rsplit(")", 1)[0])
-            key = f"{name}:{stat.rsplit(')', 1)[1].split()[0]}"
-            states[key] = states.get(key, 0) + 1
+            members.append((int(pid), name, stat.rsplit(")", 1)[1].split()[0]))
+    return members
+
+
+def sandbox_processes(container_id: str, uid: int) -> dict[str, int]:
+    """:func:`sandbox_members` counted by ``role:state``."""
+    states: dict[str, int] = {}
+    for _pid, name, state in sandbox_members(container_id, uid):
+        states[f"{name}:{state}"] = states.get(f"{name}:{state}", 0) + 1
     return states
 
 

@@ -202,13 +202,14 @@ def _check_runtime(findings: list[Finding], engine: Engine, *, local: bool, runs
 
 
 def _check_capacity(findings: list[Finding], engine: Engine, settings: Settings) -> None:
-    memory = engine.daemon_facts().memory_bytes
+    daemon = engine.daemon_facts()
+    memory = daemon.memory_bytes
     if not memory:
         findings.append(Finding("capacity", True, "the engine does not report its memory; not judged"))
         return
     wanted = f"{settings.max_sessions} sandboxes at once"
     try:
-        require_capacity(engine.daemon_facts(), settings)
+        require_capacity(daemon, settings)
     except SandboxError as error:
         findings.append(Finding("capacity", False, f"{wanted}: {error.message}", error.hint))
         return

@@ -19,6 +19,8 @@ _lock = threading.Lock()
 
 def milestone(name: str) -> None:
     """Log ``name`` with the time now, the first time only (later calls of the same name say nothing)."""
+    if name in _seen:  # every later call, on paths as hot as a tool call: no clock, no lock
+        return
     now = time.monotonic()
     with _lock:
         if name in _seen:

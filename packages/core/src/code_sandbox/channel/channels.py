@@ -295,8 +295,7 @@ class ChannelTransport(Transport):
                 opened.close()
                 raise
             self._keep(target.container, opened, lambda: self._channels.__setitem__(target, (opened, hello.pid)))
-            if hello.next_after is not None:
-                self._set_waiting(target, hello.next_after)
+            self._set_waiting(target, hello.next_after)  # a new channel's own, or none
         self._open_supervisor_soon(target.container)
         return opened
 

@@ -204,7 +204,7 @@ class EvaluateAnswer(Supervised):
     error: ThrownError | None
     context_reset: bool
     context_pid: Annotated[int, Field(ge=1, le=2**32)] | None
-    context_started: Annotated[int, Field(ge=0, le=10**15)] | None
+    context_started: Ticks | None
     """The paused context's start time (clock ticks after boot): with its pid, the survey spares that process only."""
     context_ended: ContextEnd | None
 
