@@ -249,9 +249,9 @@ async def test_a_survey_that_answers_zero_on_a_later_attempt_lets_the_sandbox_li
     answers: list[int | None] = [None, None, 0]
     survey = sandboxes.transport.survey
 
-    def recovering(target: Target, release: Callable[[], bool], *, timeout: float) -> SurveyAnswer | Refusal:
+    def recovering(target: Target, *, timeout: float) -> SurveyAnswer | Refusal:
         sandboxes.transport.survivors = answers.pop(0)
-        return survey(target, release, timeout=timeout)
+        return survey(target, timeout=timeout)
 
     monkeypatch.setattr(sandboxes.transport, "survey", recovering)
     await run(sandboxes)

@@ -122,9 +122,7 @@ class MemoryTransport(Transport):
         self.on_kill_all()
         return KillAllAnswer(ok=True, killed=0, cleanup="ok")
 
-    def survey(self, target: Target, release: Callable[[], bool], *, timeout: float) -> SurveyAnswer | Refusal:
-        if not release():
-            return Refusal(ok=False, code="INVALID_REQUEST", message="the survey was not wanted")
+    def survey(self, target: Target, *, timeout: float) -> SurveyAnswer | Refusal:
         self.calls.append("survey")
         if self.survivors is None:
             raise SandboxError(ErrorCode.TRANSFER_FAILED, "the survey did not answer")

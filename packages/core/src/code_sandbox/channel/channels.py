@@ -115,12 +115,9 @@ class ChannelTransport(Transport):
             self._drop(target)
         self._drop_supervisor(container)
 
-    def survey(self, target: Target, release: Callable[[], bool], *, timeout: float) -> SurveyAnswer | Refusal:
+    def survey(self, target: Target, *, timeout: float) -> SurveyAnswer | Refusal:
         with untrusted(lambda: self._drop_supervisor(target.container)):
-            # Opened (if need be) while the run is still going: the survey is started beside it for this.
-            held = self._supervisor(target.container)
-            if not release():
-                return Refusal(ok=False, code="INVALID_REQUEST", message="the survey was not wanted")
+            held = self._supervisor(target.container)  # opened beside the channel, unless it was dropped since
             deadline = time.monotonic() + min(timeout, OPEN_SECONDS)
             with self._gate(("survey", target.container)):  # one survey at a time on the held exec
                 try:

@@ -114,7 +114,7 @@ class EngineOnlyTransport(ChannelTransport):
     def leftovers(self, target: Target) -> int:
         """How many processes of the sandbox uid live now, as the supervisor counts them; a survey that cannot
         answer is a crash."""
-        answer = self.survey(target, lambda: True, timeout=SURVEY_SECONDS)
+        answer = self.survey(target, timeout=SURVEY_SECONDS)
         if isinstance(answer, Refusal):
             raise HelperCrash(cause="the supervisor refused a survey")
         return answer.alive
@@ -397,8 +397,8 @@ class RuntimeTransport(Transport):
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
         return self.chosen.kill_all(target, timeout=timeout)
 
-    def survey(self, target: Target, release: Callable[[], bool], *, timeout: float) -> SurveyAnswer | Refusal:
-        return self.chosen.survey(target, release, timeout=timeout)
+    def survey(self, target: Target, *, timeout: float) -> SurveyAnswer | Refusal:
+        return self.chosen.survey(target, timeout=timeout)
 
     def watchdog_ready(self, target: Target, *, timeout: float) -> ReadyAnswer | Refusal:
         return self.chosen.watchdog_ready(target, timeout=timeout)

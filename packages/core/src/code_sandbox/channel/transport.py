@@ -137,12 +137,9 @@ class Transport(abc.ABC):
         """Kill every process of the sandbox's uid at once and report whether a scan then found none."""
 
     @abc.abstractmethod
-    def survey(self, target: Target, release: Callable[[], bool], *, timeout: float) -> SurveyAnswer | Refusal:
-        """Count, as the supervisor uid, the live processes of any other unprivileged uid.
-
-        Started beside a run so that its start-up is paid early: it blocks on ``release()`` (called in the worker
-        thread), scans when that returns true, and ends unheard (a refusal) when it returns false.
-        """
+    def survey(self, target: Target, *, timeout: float) -> SurveyAnswer | Refusal:
+        """Count, as the supervisor uid, the live processes of any other unprivileged uid but the target's channel
+        (and what it keeps between calls). Asked once a call is over."""
 
     @abc.abstractmethod
     def watchdog_ready(self, target: Target, *, timeout: float) -> ReadyAnswer | Refusal:

@@ -70,9 +70,7 @@ async def _evaluate(
         return channel.transport.evaluate(channel.target, request, timeout=host_timeout, on_stderr=on_stderr)
 
     check = partial(_result, channel)
-    return await supervise_call(
-        channel, call, check, call_seconds=host_timeout, progress=progress, output=output, what="evaluation"
-    )
+    return await supervise_call(channel, call, check, progress=progress, output=output, what="evaluation")
 
 
 async def _result(channel: Channel, answer: EvaluateAnswer | Refusal) -> Evaluation:

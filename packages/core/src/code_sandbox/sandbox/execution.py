@@ -135,9 +135,7 @@ async def run_program(
     async def check(answer: RunAnswer | ExecuteAnswer | Refusal) -> RunResult:
         return await _result(channel, request, await _run_half(channel, files, answer))
 
-    return await supervise_call(
-        channel, call, check, call_seconds=host_timeout, progress=progress, output=output, what="run"
-    )
+    return await supervise_call(channel, call, check, progress=progress, output=output, what="run")
 
 
 async def _run_half(

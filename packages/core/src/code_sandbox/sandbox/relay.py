@@ -54,19 +54,16 @@ async def supervise(
     The call's outcome is carried out of the task group by hand, so an error or a cancellation leaves as itself
     rather than wrapped in an exception group.
     """
+    if progress is None and output is None:  # nothing to relay
+        return await anyio.to_thread.run_sync(call, None, abandon_on_cancel=True)
     outcome: list[_T] = []
     failure: BaseException | None = None
     delivered = anyio.Event()
     async with anyio.create_task_group() as group:
         send, receive = anyio.create_memory_object_stream[_Update](64)
         with send:
-            on_stderr = None
-            if progress is not None or output is not None:
-                group.start_soon(_deliver_updates, receive, progress, output, delivered)
-                on_stderr = update_reader(send)
-            else:
-                receive.close()
-                delivered.set()
+            group.start_soon(_deliver_updates, receive, progress, output, delivered)
+            on_stderr = update_reader(send)
             try:
                 outcome.append(await anyio.to_thread.run_sync(call, on_stderr, abandon_on_cancel=True))
             except BaseException as exc:  # re-raised below, outside the group

@@ -22,7 +22,7 @@ import anyio
 import anyio.to_thread
 
 from code_sandbox.channel.guard import Channel
-from code_sandbox.channel.protocol import KillAllAnswer, ProtocolViolation, Refusal, SurveyAnswer
+from code_sandbox.channel.protocol import KillAllAnswer, ProtocolViolation, SurveyAnswer
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.sandbox.relay import OutputSink, Progress, supervise
@@ -46,31 +46,30 @@ async def supervise_call(
     call: Callable[[Callable[[bytes], None] | None], _A],
     check: Callable[[_A], Awaitable[_T]],
     *,
-    call_seconds: float,
     progress: Progress | None,
     output: OutputSink | None,
     what: str,
 ) -> _T:
     """A run's (or an evaluation's) runner call from start to proof: ``call`` in a worker thread
-    (:func:`_guarded_call`), its answer judged by ``check``, and then the supervisor's survey, started beside the
-    call and given ``call_seconds`` (how long the call may take) and its own time, must prove that nothing the call
-    started outlived it."""
+    (:func:`_guarded_call`), then, in the same thread as soon as the call has its answer, the supervisor's survey;
+    the answer is judged by ``check``, and the survey must prove that nothing the call started outlived it."""
     finished = threading.Event()
+    abandoned = threading.Event()
+    counted: list[int | None] = []
 
     def tracked(on_stderr: Callable[[bytes], None] | None) -> _A:
         try:
-            return call(on_stderr)
+            answer = call(on_stderr)
         finally:
             finished.set()
+        if not abandoned.is_set():  # a cancelled call's cleanup is proven by the cancel (:func:`cancel_run`)
+            counted.append(count_survivors(channel))
+        return answer
 
-    survey = Survey(channel, timeout=call_seconds + SURVEY_TIMEOUT_SECONDS)
-    try:
-        answer = await _guarded_call(channel, tracked, progress, output, finished, what=what)
-        result = await check(answer)
-        await require_no_survivors(channel, survey)
-        return result
-    finally:
-        survey.cancel()
+    answer = await _guarded_call(channel, tracked, progress, output, finished, abandoned, what=what)
+    result = await check(answer)
+    await require_no_survivors(channel, counted[0] if counted else None)
+    return result
 
 
 async def _guarded_call(
@@ -79,11 +78,13 @@ async def _guarded_call(
     progress: Progress | None,
     output: OutputSink | None,
     finished: threading.Event,
+    abandoned: threading.Event,
     *,
     what: str,
 ) -> _T:
     """The runner call in a worker thread, its progress relayed: a crash or a hang destroys the sandbox, and a
-    cancellation kills every process of the sandbox user (:func:`cancel_run`)."""
+    cancellation kills every process of the sandbox user (:func:`cancel_run`, which proves that cleanup itself:
+    ``abandoned`` tells the call's thread not to survey)."""
     crashed = SandboxError(
         ErrorCode.SUPERVISOR_FAILED,
         f"the {what}'s supervisor was stopped or answered out of protocol; the sandbox was destroyed",
@@ -93,6 +94,7 @@ async def _guarded_call(
         async with channel.guard(crashed=crashed, hung=hung):
             return await supervise(call, progress, output)
     except anyio.get_cancelled_exc_class():
+        abandoned.set()
         with anyio.CancelScope(shield=True):
             await cancel_run(channel, finished)
         raise
@@ -117,62 +119,41 @@ def cleanup_failed() -> SandboxError:
     )
 
 
-class Survey:
-    """The supervisor's count of processes that outlived a run, started early so that its start-up is not paid
-    after the run.
+def count_survivors(channel: Channel) -> int | None:
+    """The supervisor's count of processes that outlived a call, or ``None`` when it could not answer.
 
-    ``runner --survey`` runs as the supervisor uid, which user code can neither signal nor read; it waits for one
-    byte on stdin and then counts every live process of any other unprivileged uid in the container. Started
-    beside a run, it costs the run only that byte and the scan. Without the byte (:meth:`cancel`) it ends unheard.
-    """
-
-    def __init__(self, channel: Channel, *, timeout: float) -> None:
-        self._gate = threading.Event()
-        self._go = False
-        self._answer: SurveyAnswer | Refusal | None = None
-        self._call = partial(channel.transport.survey, channel.target, self._release, timeout=timeout)
-        self._thread = threading.Thread(target=self._work, name="code-sandbox survey", daemon=True)
-        self._thread.start()
-
-    def _release(self) -> bool:
-        self._gate.wait()
-        return self._go
-
-    def _work(self) -> None:
-        try:
-            self._answer = self._call()
-        except Exception:  # any failure leaves no answer, which counts as "not proven"
-            self._answer = None
-
-    async def count(self) -> int | None:
-        """Let the survey scan now (the run is over) and return how many processes outlived it, or ``None``."""
-        self._go = True
-        self._gate.set()
-        with anyio.move_on_after(SURVEY_TIMEOUT_SECONDS):
-            await anyio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
-        answer = self._answer
-        return answer.alive if isinstance(answer, SurveyAnswer) else None
-
-    def cancel(self) -> None:
-        """End a survey that will not be needed (the run failed); harmless after :meth:`count`."""
-        self._gate.set()
+    The survey runs as the supervisor uid, which user code can neither signal nor read, and counts every live process
+    of any other unprivileged uid in the container but those the transport names as the channel's own. It is asked
+    only once the call is over (its answer is in): blocking, in the caller's thread."""
+    try:
+        answer = channel.transport.survey(channel.target, timeout=SURVEY_TIMEOUT_SECONDS)
+    except Exception:  # any failure leaves no answer, which counts as "not proven"
+        return None
+    return answer.alive if isinstance(answer, SurveyAnswer) else None
 
 
-async def require_no_survivors(channel: Channel, survey: Survey) -> None:
+async def _count_soon(channel: Channel) -> int | None:
+    """:func:`count_survivors` in a worker thread, bounded by :data:`SURVEY_TIMEOUT_SECONDS`."""
+    with anyio.move_on_after(SURVEY_TIMEOUT_SECONDS):
+        return await anyio.to_thread.run_sync(count_survivors, channel, abandon_on_cancel=True)
+    return None
+
+
+async def require_no_survivors(channel: Channel, counted: int | None) -> None:
     """Destroy the sandbox (``PROCESS_CLEANUP_FAILED``) unless a survey proves that nothing outlived the run.
 
-    Shielded: a cancellation must skip neither the proof nor the destroy. A survey that could not answer is asked
-    again after a pause (:data:`SURVEY_RETRY_PAUSES`): one started beside a program that filled its pid limit, or
-    its memory limit while the kernel still frees it, cannot start. Only a count of zero passes; any other count
-    destroys the sandbox at once.
+    ``counted`` is the first survey's count (:func:`count_survivors`). Shielded: a cancellation must skip neither the
+    proof nor the destroy. A survey that could not answer is asked again after a pause (:data:`SURVEY_RETRY_PAUSES`):
+    the supervisor's exec cannot start while a program fills the pid limit, or the memory limit while the kernel
+    still frees it. Only a count of zero passes; any other count destroys the sandbox at once.
     """
     with anyio.CancelScope(shield=True):
-        alive = await survey.count()
+        alive = counted
         for pause in SURVEY_RETRY_PAUSES:
             if alive is not None:
                 break
             await anyio.sleep(pause)
-            alive = await Survey(channel, timeout=SURVEY_TIMEOUT_SECONDS).count()
+            alive = await _count_soon(channel)
         if alive != 0:
             what = "the survey could not answer" if alive is None else f"{alive} process(es) outlived their run"
             logger.warning("sandbox %s: %s", channel.name, what)
@@ -181,7 +162,7 @@ async def require_no_survivors(channel: Channel, survey: Survey) -> None:
 
 async def verify_cleanup(channel: Channel) -> None:
     """Prove now that no process of the sandbox user is left, or destroy the sandbox."""
-    await require_no_survivors(channel, Survey(channel, timeout=SURVEY_TIMEOUT_SECONDS))
+    await require_no_survivors(channel, await _count_soon(channel))
 
 
 async def cancel_run(channel: Channel, finished: threading.Event) -> None:

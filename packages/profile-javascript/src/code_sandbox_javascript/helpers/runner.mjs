@@ -27,6 +27,9 @@ const RUN_FLAGS = ['--disable-proto=throw'];
 const CLEANUP_GRACE_MS = 450; // the documented grace: after it, a process still alive means "cleanup failed"
 const CLEANUP_PAUSE_MS = 20;
 const DRAIN_MS = 100;
+// The next run's process is started this long after a run's answer: the host asks the supervisor's survey right after
+// the answer, and a runtime booting beside the scan slows both.
+const PREPARE_DELAY_MS = 5;
 const PROGRESS_MS = 1000;
 const MAX_CAP = 64 * 1024 * 1024;
 const MAX_TIMEOUT_MS = 86_400_000;
@@ -430,7 +433,7 @@ async function spawnProgram(argv, extraStdio = []) {
 }
 
 // The next run's process while it waits: {child, exited, pid, started}. The channel starts one when it opens and
-// right after answering each run (never while user code of this sandbox lives: the run's leftovers are gone by then),
+// shortly after answering each run (never while user code of this sandbox lives: the run's leftovers are gone by then),
 // and ends it before an evaluation, whose context must not share the sandbox with it. So that the spawn is not paid
 // before the answer, the channel announces it ahead (ChannelHello.next_after, RunAnswer.next_after): the clock tick
 // before which it cannot have started, read once the run's leftovers were gone. The survey spares one child of the
@@ -1093,7 +1096,7 @@ async function channel() {
       const req = validRequest(envelope.request);
       result = req === null ? refusal('INVALID_REQUEST') : await run(req);
       const after = result.ok !== false && result.cleanup === 'ok' ? bootTicks() : null;
-      if (after !== null) result.next_after = after; // started right after this answer
+      if (after !== null) result.next_after = after; // started shortly after this answer
       prepare = after !== null;
     } else if (envelope.op === 'execute') {
       result = await execute(envelope.request, take);
@@ -1110,7 +1113,10 @@ async function channel() {
     // stderr line of the request, tells the host that none of them is still on its way.
     await new Promise((done) => process.stderr.write(`${STDERR_END}\n`, done));
     await send(result);
-    if (prepare) await prepareNext();
+    if (prepare) {
+      await sleep(PREPARE_DELAY_MS);
+      await prepareNext();
+    }
     // A write refused before its payload was read leaves stdin off a frame boundary: file bytes must never be read
     // as a request, so the channel ends (the host destroys the sandbox for such an answer anyway).
     if (envelope.op === 'write' && result.ok === false && ['INVALID_REQUEST', 'TRANSFER_FAILED'].includes(result.code)) {
