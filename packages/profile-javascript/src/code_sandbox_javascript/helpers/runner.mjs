@@ -129,6 +129,41 @@ function readCounter(counters) {
   return null;
 }
 
+// The sandbox cgroup's memory use now, for the sampler: read every MEMORY_SAMPLE_MS during a call through a
+// descriptor held open (and read again from offset 0), since an open allocates a file structure charged to the
+// sandbox's memory. When user code runs the sandbox out of memory, the kernel kills it, and there is a moment before
+// its memory is uncharged when the cgroup is still full while the killed process no longer counts as the victim:
+// a charge then picks the next largest process, which is this runner, and ends the sandbox. null: not readable here.
+let memoryNow = null;
+function sampleMemory() {
+  if (memoryNow === null) {
+    memoryNow = () => null;
+    for (const [file, pattern, scale] of MEMORY_NOW) {
+      let fd;
+      try {
+        fd = fs.openSync(file, 'r');
+      } catch {
+        continue; // not this layout
+      }
+      const buf = Buffer.alloc(64);
+      const read = () => {
+        try {
+          const match = pattern.exec(buf.toString('latin1', 0, fs.readSync(fd, buf, 0, buf.length, 0)).trim());
+          return match ? Number(match[1]) * scale : null;
+        } catch {
+          return null;
+        }
+      };
+      if (read() !== null) {
+        memoryNow = read;
+        break;
+      }
+      fs.closeSync(fd);
+    }
+  }
+  return memoryNow();
+}
+
 // The cgroup's OOM-kill counter, or null when this kernel/cgroup layout does not expose one.
 function readOomKills() {
   for (const file of OOM_COUNTERS) {
@@ -361,14 +396,14 @@ function meter() {
   const oomBefore = readOomKills();
   const cpuBefore = readCounter(CPU_COUNTERS);
   const peakBefore = readCounter(MEMORY_PEAK);
-  const memoryBefore = readCounter(MEMORY_NOW);
+  const memoryBefore = sampleMemory();
   const continuedBefore = continuations;
   const stateBefore = ownState();
   let sampledPeak = memoryBefore;
   let progress = null;
   const started = performance.now();
   const sampler = setInterval(() => {
-    const now = readCounter(MEMORY_NOW);
+    const now = sampleMemory();
     if (now !== null && sampledPeak !== null) sampledPeak = Math.max(sampledPeak, now);
   }, MEMORY_SAMPLE_MS);
   return {
