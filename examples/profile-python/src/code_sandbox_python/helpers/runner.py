@@ -819,7 +819,7 @@ def main():
     seal()
     if not sealed() and os.environ.get("CODE_SANDBOX_SEAL") != "optional":
         return refusal("NOT_SEALED")
-    # The survey is started beside a run and waits for a line on stdin, sent when the run is over.
+    # One survey: it waits for one line on stdin (what to spare, as for --supervise), then counts.
     if len(args) == 1 and args[0] == "--survey":
         release = released()
         return refusal("INVALID_REQUEST") if release is None else {"ok": True, "alive": survey(release["spared"])}

@@ -179,7 +179,7 @@ class RunAnswer(Supervised):
     oom_killed: bool
     oom_detectable: bool
     next_after: Ticks | None = None
-    """A channel's run: the next run's process is started right after this answer; the tick it was read at, once the
+    """A channel's run: the next run's process is started shortly after this answer; the tick it was read at, once the
     run's leftovers were gone, before which that process cannot have started (the survey spares one child of the
     channel started since, and nothing else)."""
 

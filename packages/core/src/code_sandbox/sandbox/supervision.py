@@ -162,7 +162,8 @@ async def require_no_survivors(channel: Channel, counted: int | None) -> None:
 
 async def verify_cleanup(channel: Channel) -> None:
     """Prove now that no process of the sandbox user is left, or destroy the sandbox."""
-    await require_no_survivors(channel, await _count_soon(channel))
+    with anyio.CancelScope(shield=True):  # the first count too: a cancellation must skip neither it nor the destroy
+        await require_no_survivors(channel, await _count_soon(channel))
 
 
 async def cancel_run(channel: Channel, finished: threading.Event) -> None:

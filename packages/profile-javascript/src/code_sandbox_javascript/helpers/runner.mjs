@@ -136,32 +136,32 @@ function readCounter(counters) {
 // a charge then picks the next largest process, which is this runner, and ends the sandbox. null: not readable here.
 let memoryNow = null;
 function sampleMemory() {
-  if (memoryNow === null) {
-    memoryNow = () => null;
-    for (const [file, pattern, scale] of MEMORY_NOW) {
-      let fd;
-      try {
-        fd = fs.openSync(file, 'r');
-      } catch {
-        continue; // not this layout
-      }
-      const buf = Buffer.alloc(64);
-      const read = () => {
-        try {
-          const match = pattern.exec(buf.toString('latin1', 0, fs.readSync(fd, buf, 0, buf.length, 0)).trim());
-          return match ? Number(match[1]) * scale : null;
-        } catch {
-          return null;
-        }
-      };
-      if (read() !== null) {
-        memoryNow = read;
-        break;
-      }
-      fs.closeSync(fd);
+  memoryNow ??= heldCounter(MEMORY_NOW); // none readable yet: tried again at the next sample
+  return memoryNow === null ? null : memoryNow();
+}
+
+// A reader of the first of `counters` that can be read, through a descriptor it keeps; null when none can be read.
+function heldCounter(counters) {
+  for (const [file, pattern, scale] of counters) {
+    let fd;
+    try {
+      fd = fs.openSync(file, 'r');
+    } catch {
+      continue; // not this layout
     }
+    const buf = Buffer.alloc(64);
+    const read = () => {
+      try {
+        const match = pattern.exec(buf.toString('latin1', 0, fs.readSync(fd, buf, 0, buf.length, 0)).trim());
+        return match ? Number(match[1]) * scale : null;
+      } catch {
+        return null;
+      }
+    };
+    if (read() !== null) return read;
+    fs.closeSync(fd);
   }
-  return memoryNow();
+  return null;
 }
 
 // The cgroup's OOM-kill counter, or null when this kernel/cgroup layout does not expose one.
@@ -643,9 +643,9 @@ function sealed() {
 // that keeps changing (something still forks and exits) counts as alive too.
 // `spared` are the session's channel (a runner of the sandbox uid that lives on between runs), by pid, its
 // evaluation context if one is paused between calls, by pid and start time, and the next run's waiting process (which
-// the channel starts once a run's leftovers are gone) by pid and start time, all of which the host learned from the
-// channel's answers; they are the only processes not counted, the context only while it is stopped and is that process,
-// and the waiting process only while it is that process.
+// the channel starts once a run's leftovers are gone) as one child of the channel started at or after a tick, all of
+// which the host learned from the channel's answers; they are the only processes not counted, the context only while
+// it is stopped and is that process.
 const SURVEY_SCANS = 5;
 function survey(spared) {
   const own = process.getuid();
@@ -1167,7 +1167,7 @@ async function main() {
   if (process.getuid() === 0) return refusal('RUNNING_AS_ROOT');
   seal();
   if (!sealed() && process.env.CODE_SANDBOX_SEAL !== 'optional') return refusal('NOT_SEALED');
-  // The survey is started beside a run and waits for one byte on stdin, sent when the run is over.
+  // One survey: it waits for one line on stdin (what to spare, as for --supervise), then counts.
   if (args.length === 1 && args[0] === '--survey') {
     const release = await released();
     return release !== null ? { ok: true, alive: survey(release.spared) } : refusal('INVALID_REQUEST');
