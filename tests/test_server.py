@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import anyio
 import anyio.to_thread
@@ -323,12 +323,18 @@ class HeldRemoval(ForwardingEngine):
         self.released.wait(30)
         return super().remove_container(container_id)
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        """Whatever the test did, no removal stays held past it."""
+        self.released.set()
+
 
 async def test_a_one_shot_replies_before_its_sandbox_is_removed_which_still_counts_until_then(
     tmp_path: Path, engine: DockerEngine
 ) -> None:
-    held = HeldRemoval(engine)
-    try:
+    with HeldRemoval(engine) as held:
         async with connect(held, tmp_path, max_sessions="1") as client:
             arguments = {"files": [{"path": "a.js", "content": "console.log(1)"}], "entrypoint": "a.js"}
             with anyio.fail_after(30):
@@ -340,9 +346,6 @@ async def test_a_one_shot_replies_before_its_sandbox_is_removed_which_still_coun
             with anyio.fail_after(10):
                 while error_code_or_none(await client.call_tool("create_sandbox", {})) is not None:  # noqa: ASYNC110
                     await anyio.sleep(0.05)  # the registry lets go once Docker confirmed the removal
-    finally:
-        held.released.set()
-        held.close()
 
 
 async def test_every_client_reachable_error_code_arrives_as_a_tool_error(tmp_path: Path, engine: DockerEngine) -> None:
@@ -866,8 +869,7 @@ async def test_destroy_answers_before_the_removal_and_the_container_ends_by_itse
 ) -> None:
     """The reply does not wait for the removal, yet nothing depends on the removal happening: the container is told
     to stop before the reply, so a server that dies right after it (its removal never made) leaves nothing."""
-    held = HeldRemoval(engine)
-    try:
+    with HeldRemoval(engine) as held:
         async with connect(held, tmp_path) as client:
             sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
             (container,) = worker_containers(engine)
@@ -878,15 +880,12 @@ async def test_destroy_answers_before_the_removal_and_the_container_ends_by_itse
             await none_of_mine(engine)
             assert held.asked == [container.id]
             assert ok(await client.call_tool("destroy_sandbox", {"session_id": sid})) == {"destroyed": False}
-    finally:
-        held.released.set()
 
 
 async def test_a_create_at_the_cap_waits_for_a_destroyed_sandbox_still_being_removed(
     tmp_path: Path, engine: DockerEngine
 ) -> None:
-    held = HeldRemoval(engine)
-    try:
+    with HeldRemoval(engine) as held:
         async with connect(held, tmp_path, max_sessions="1") as client:
             sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
             ok(await client.call_tool("destroy_sandbox", {"session_id": sid}))
@@ -904,8 +903,6 @@ async def test_a_create_at_the_cap_waits_for_a_destroyed_sandbox_still_being_rem
                     assert not created  # it waits for the slot the destroyed sandbox still holds
                     held.released.set()
             assert ok(created[0])["session_id"] != sid
-    finally:
-        held.released.set()
 
 
 class _Unsignalled(ForwardingEngine):
