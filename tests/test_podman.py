@@ -260,7 +260,12 @@ def test_a_repeatable_exec_whose_output_podman_lost_runs_again_and_no_other_does
     finally:
         losing.close()
         podman.remove_container(container_id)
-    assert (result.stdout, len(reads)) == ((b"v22.20.0\n", 2) if repeatable else (b"", 1))
+    if not repeatable:
+        assert (result.stdout, len(reads)) == (b"", 1)
+        return
+    # The busy engine may really lose a run's output too (seen once in CI): a run is repeated only after a lost one.
+    assert result.stdout == b"v22.20.0\n"
+    assert len(reads) >= 2 and all(read == (b"", b"") for read in reads[1:-1]), reads
 
 
 def _kept(*_args: object, **_kwargs: object) -> None:
