@@ -43,7 +43,7 @@ from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.settings import load_settings
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from run import raw_create_and_start, server_rss_kib  # bench/run.py: the floor's containers, a server's RSS
+from run import nearest_rank, raw_create_and_start, server_rss_kib  # bench/run.py: quantiles, floor containers, RSS
 
 RESULTS = Path(__file__).parent / "results"
 HELLO = "console.log('hello')"
@@ -52,11 +52,12 @@ CHUNK = "x" * 65536
 
 def percentiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples) or [float("nan")]
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
-
-    return {"n": len(samples), "p50_ms": at(0.5), "p95_ms": at(0.95), "p99_ms": at(0.99)}
+    return {
+        "n": len(samples),
+        "p50_ms": nearest_rank(ordered, 0.5) * 1000,
+        "p95_ms": nearest_rank(ordered, 0.95) * 1000,
+        "p99_ms": nearest_rank(ordered, 0.99) * 1000,
+    }
 
 
 class Tally:

@@ -65,9 +65,14 @@ async def atimed(samples: list[float], awaitable: Awaitable[Any]) -> Any:
     return result
 
 
+def nearest_rank(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted, non-empty samples, as the sample nearest its rank."""
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
 def summary(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    p95 = nearest_rank(ordered, 0.95)
     return {"p50_ms": statistics.median(ordered) * 1000, "p95_ms": p95 * 1000, "n": len(ordered)}
 
 
