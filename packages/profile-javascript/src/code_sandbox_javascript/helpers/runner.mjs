@@ -116,12 +116,18 @@ function validRequest(req) {
   return ok ? req : null;
 }
 
+// A counter file's text read as `pattern` says, scaled; null when it does not match.
+function counterValue(text, pattern, scale) {
+  const match = pattern.exec(text.trim());
+  return match ? Number(match[1]) * scale : null;
+}
+
 // The first of `counters` this cgroup layout has, scaled; null when none can be read.
 function readCounter(counters) {
   for (const [file, pattern, scale] of counters) {
     try {
-      const match = pattern.exec(fs.readFileSync(file, 'latin1').trim());
-      if (match) return Number(match[1]) * scale;
+      const value = counterValue(fs.readFileSync(file, 'latin1'), pattern, scale);
+      if (value !== null) return value;
     } catch {
       // not this layout
     }
@@ -152,8 +158,7 @@ function heldCounter(counters) {
     const buf = Buffer.alloc(64);
     const read = () => {
       try {
-        const match = pattern.exec(buf.toString('latin1', 0, fs.readSync(fd, buf, 0, buf.length, 0)).trim());
-        return match ? Number(match[1]) * scale : null;
+        return counterValue(buf.toString('latin1', 0, fs.readSync(fd, buf, 0, buf.length, 0)), pattern, scale);
       } catch {
         return null;
       }
