@@ -57,5 +57,5 @@ def test_final_stage_has_the_offline_builds_labels_user_and_paths(profile: Profi
     for helper_path in spec.helper_digests:
         assert helper_path.startswith("/opt/sandbox/")
         assert f"{HELPERS}/{Path(helper_path).name}" in copies
-    assert "--chmod=0555" in copies
+    assert "--chmod=0444" in copies  # helpers: readable, never executable (nothing readable runs)
     assert f"--chown=0:0 --chmod=0711 /usr/local/bin/node {spec.runtime_path}" in copies

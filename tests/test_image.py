@@ -51,6 +51,14 @@ def test_verify_fails_when_the_readable_runtime_is_another_binary(variant: Varia
     assert variant.failed_checks() == {"readable runtime", "files"}
 
 
+@pytest.mark.parametrize("path", ["/usr/local/bin/tool", "/lib/libtool.so.1"])
+def test_verify_fails_when_a_binary_a_sandbox_can_read_is_executable(variant: Variant, path: str) -> None:
+    """A process that runs a binary it can read is dumpable: its parent, user code of the same uid, could write native
+    code into it through /proc/<pid>/mem. Only the copies gVisor runs may be both, where runc never shows them."""
+    variant.build(f"COPY tool {path}", {"tool": b"\x7fELF a readable program"}, mode=0o755)
+    assert variant.failed_checks() == {"nothing readable runs", "files"}
+
+
 def test_verify_fails_when_a_shell_is_present(variant: Variant) -> None:
     variant.build("COPY sh /bin/sh", {"sh": b"\x7fELF not really a shell"})
     assert variant.failed_checks() == {"no shell or package manager", "files"}

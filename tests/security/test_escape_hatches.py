@@ -65,3 +65,51 @@ consequences('wasi').then(o => { o.wasi = wasi; console.log(JSON.stringify(o)); 
     outcome = json.loads((await arena.attack(source)).stdout.strip().splitlines()[-1])
     assert_contained(outcome)
     await arena.assert_bystander_unaffected()
+
+
+# Every file the sandbox uid may execute (access X_OK fails on the noexec tmpfs mounts), run and stopped at once; then
+# its memory opened for writing from its parent, user code of the same uid. A readable binary makes a dumpable process,
+# whose /proc/<pid>/mem the parent could open and write native code into (the memory of a process that execs an
+# unreadable one is root's to open); the program's own memory is tried too.
+DUMPABLE = """
+const fs = require('fs'), path = require('path'), cp = require('child_process');
+const runnable = [];
+(function walk(dir) {
+  for (const name of fs.readdirSync(dir)) {
+    const full = path.join(dir, name);
+    if (['/proc', '/sys', '/dev'].includes(full)) continue;
+    let st; try { st = fs.lstatSync(full); } catch { continue; }
+    if (st.isDirectory()) { try { walk(full); } catch {} continue; }
+    if (!st.isFile()) continue;
+    try { fs.accessSync(full, fs.constants.X_OK); runnable.push(full); } catch {}
+  }
+})('/');
+function openMem(pid) {
+  try { fs.closeSync(fs.openSync(`/proc/${pid}/mem`, 'r+')); return 'OPENED'; } catch (e) { return e.code; }
+}
+(async () => {
+  const out = { self: openMem('self'), runnable: runnable.length, opened: [] };
+  for (const file of runnable) {
+    const child = cp.spawn(file, [], { stdio: 'ignore' });
+    const spawned = await new Promise(r => child.on('spawn', () => r(true)).on('error', () => r(false)));
+    if (!spawned) continue;
+    try { process.kill(child.pid, 'SIGSTOP'); } catch {}
+    if (openMem(child.pid) === 'OPENED') out.opened.push(file);
+    try { process.kill(child.pid, 'SIGKILL'); } catch {}
+  }
+  console.log(JSON.stringify(out));
+})();
+"""
+
+
+async def test_no_program_a_sandbox_can_run_lets_it_write_a_process_memory(arena: Arena) -> None:
+    # The image held a readable node copy (for gVisor), a readable dynamic loader and an executable libc: each ran as
+    # a dumpable process, into which user code could write raw system calls. Under runc the runtime and the loader
+    # are unreadable and the readable copies lie under an empty tmpfs; gVisor's own kernel keeps its copies' memory
+    # from user code (the check that holds there is its own).
+    result = await arena.attack(DUMPABLE, timeout=30)
+    assert result.exit_code == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["runnable"] >= 2, outcome  # node and its loader at least: the walk saw the image
+    assert (outcome["self"], outcome["opened"]) == ("EACCES", []), outcome
+    await arena.assert_bystander_unaffected()

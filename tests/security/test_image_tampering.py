@@ -59,7 +59,7 @@ def variant(engine: DockerEngine, profile: Profile, image_id: str) -> Iterator[V
 def test_verify_image_refuses_a_hostile_derived_image(
     variant: Variant, tail: str, files: dict[str, bytes], failing: set[str]
 ) -> None:
-    variant.build(tail, files, mode=0o555)
+    variant.build(tail, files)
     assert variant.failed_checks() == failing
 
 

@@ -81,10 +81,11 @@ console.log(JSON.stringify(out));
 
 @pytest.mark.parametrize("directory", ["/workspace", "/tmp"])
 async def test_a_binary_dropped_in_a_tmpfs_cannot_be_executed(arena: Arena, directory: str) -> None:
-    # The dynamic loader is a small, real ELF executable; copied to a noexec tmpfs it must not run.
+    # libc is a real ELF executable that the sandbox may read (the loader and the runtime it may not); copied to a
+    # noexec tmpfs it must not run.
     source = f"""
 const fs = require('fs'); const {{ execFileSync }} = require('child_process');
-fs.copyFileSync('/lib64/ld-linux-x86-64.so.2', '{directory}/dropped'); fs.chmodSync('{directory}/dropped', 0o755);
+fs.copyFileSync('/lib/x86_64-linux-gnu/libc.so.6', '{directory}/dropped'); fs.chmodSync('{directory}/dropped', 0o755);
 try {{ execFileSync('{directory}/dropped', ['--help'], {{ stdio: 'ignore' }}); console.log('ran'); }}
 catch (e) {{ console.log(e.code); }}
 """
@@ -103,7 +104,7 @@ console.log(JSON.stringify({ env: process.env, sockets }));
     assert outcome["sockets"] == []
     fixed = {"PATH": "/usr/local/bin", "HOME": "/workspace", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
     if shared.gvisor:  # the readable runtime first on PATH, and the helpers told that no seal can hold
-        fixed |= {"PATH": "/usr/local/lib/code-sandbox/readable:/usr/local/bin", "CODE_SANDBOX_SEAL": "optional"}
+        fixed |= {"PATH": "/opt/gvisor:/usr/local/bin", "CODE_SANDBOX_SEAL": "optional"}
         fixed |= {"HOSTNAME": "sandbox"}  # runsc sets it for every process, as the container's hostname
     assert outcome["env"] == fixed
 

@@ -56,7 +56,7 @@ class Variant:
     profile: Profile
     good_image: str
 
-    def build(self, dockerfile_tail: str, files: dict[str, bytes] | None = None, *, mode: int = 0o555) -> None:
+    def build(self, dockerfile_tail: str, files: dict[str, bytes] | None = None, *, mode: int = 0o444) -> None:
         """Build ``FROM`` the good image plus ``dockerfile_tail``; ``files`` are in the context with ``mode``."""
         dockerfile = f"FROM {self.good_image}\n{dockerfile_tail}\n"
         tag = self.profile.image_spec().tag

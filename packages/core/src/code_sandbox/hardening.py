@@ -52,10 +52,15 @@ UNSEALED_ENVIRONMENT: Mapping[str, str] = {"CODE_SANDBOX_SEAL": "optional"}
 non-dumpable one: it tells the helpers to run although the seal (:mod:`code_sandbox.image.seal`) cannot hold (the
 engine-only trust model believes nothing of the sandbox uid anyway). Helpers never pass it to user code."""
 
-READABLE_RUNTIME_DIR = "/usr/local/lib/code-sandbox/readable"
-"""Where every image also holds its runtime binary readable (mode 0755), with the same bytes: gVisor executes only a
-binary it can read (google/gvisor#160), so under gVisor every process runs that copy. Under runc nothing runs it
-(the helpers depend on the unreadable one); user code that runs it gains nothing, as it is only itself."""
+READABLE_RUNTIME_DIR = "/opt/gvisor"
+"""Where every image also holds its runtime binary and its ELF interpreter readable (mode 0755): gVisor executes only a
+binary it can read (google/gvisor#160), so under gVisor every process runs that copy, whose interpreter path names
+:data:`READABLE_LOADER`. Under runc (and Podman) an empty read-only tmpfs lies over this directory
+(:func:`sealed_dirs`): a process that execs a readable binary is dumpable, and its parent (user code, same uid) could
+write native code into it through ``/proc/<pid>/mem``. The path is short so that it fits in the interpreter field of
+the runtime's ELF header in place of the original one."""
+READABLE_LOADER = f"{READABLE_RUNTIME_DIR}/ld.so"
+"""The readable copy of the runtime's ELF interpreter, which the readable runtime names as its own."""
 
 
 def environment(*, user_space_kernel: bool) -> dict[str, str]:
@@ -83,11 +88,17 @@ PTY_DIR = "/dev/pts"
 MQUEUE_DIR = "/dev/mqueue"
 SEALED_DIRS = (PTY_DIR, MQUEUE_DIR)
 SEALED_TMPFS = "ro,noexec,nosuid,nodev,size=4096,mode=0755"
-"""An empty, read-only tmpfs laid over each of :data:`SEALED_DIRS`, whose contents a sandbox must not reach. Over
+"""An empty, read-only tmpfs laid over each of :func:`sealed_dirs`, whose contents a sandbox must not reach. Over
 :data:`PTY_DIR` it takes away the container's devpts, and with it ``/dev/ptmx`` (a link into it): every pty a sandbox
 opened would come from the host's one pool (``kernel.pty.max``, shared by every container), which no cgroup counts.
 Over :data:`MQUEUE_DIR` it takes away the mqueue filesystem, where ``open(O_CREAT)`` makes a POSIX message queue
-without the system calls the seccomp profile refuses."""
+without the system calls the seccomp profile refuses. Over :data:`READABLE_RUNTIME_DIR` (not under gVisor, which
+needs it) it takes away the only binaries a sandbox could run dumpable."""
+
+
+def sealed_dirs(*, user_space_kernel: bool) -> tuple[str, ...]:
+    """The directories covered by an empty read-only tmpfs in a container under the runtime in force."""
+    return SEALED_DIRS if user_space_kernel else (*SEALED_DIRS, READABLE_RUNTIME_DIR)
 
 
 def user_of(uid: int) -> str:

@@ -9,12 +9,12 @@ from code_sandbox.engine import RuntimeFacts
 from code_sandbox.hardening import (
     HOSTNAME,
     LABEL_RUNTIME,
-    SEALED_DIRS,
     SEALED_TMPFS,
     SUPERVISOR_USER,
     WORKSPACE_DIR,
     ContainerRequest,
     Hardening,
+    sealed_dirs,
 )
 from code_sandbox.hardening import environment as fixed_environment
 from code_sandbox.seccomp import profile_text
@@ -39,6 +39,7 @@ def build_create_arguments(
     keywords. Every value comes from :mod:`code_sandbox.hardening` and the runtime in force; the benchmark's raw floor
     uses the same."""
     hardening = request.hardening
+    sealed = sealed_dirs(user_space_kernel=runtime.user_space_kernel)
     host_config: dict[str, object] = {
         "runtime": runtime.name,
         "network_mode": "none",
@@ -51,7 +52,7 @@ def build_create_arguments(
         "pids_limit": hardening.pids_limit,
         "init": True,
         "ulimits": ulimits(hardening),
-        "tmpfs": {**hardening.tmpfs(request.uid), **dict.fromkeys(SEALED_DIRS, SEALED_TMPFS)},
+        "tmpfs": {**hardening.tmpfs(request.uid), **dict.fromkeys(sealed, SEALED_TMPFS)},
         "log_config": LogConfig(type="none"),
         "auto_remove": start,
         "privileged": False,

@@ -255,7 +255,7 @@ class DockerEngine:
         try:
             if daemon.podman:
                 self._volumes.create(volumes, {**request.labels, LABEL_RUNTIME: runtime.name})
-                host_kwargs = podman.host_config(host_kwargs, request, volumes, self._seccomp_file(daemon))
+                host_kwargs = podman.host_config(host_kwargs, request, volumes, self._seccomp_file(daemon), runtime)
             with translate(*_STARTING):
                 try:
                     created = api.create_container(**create_kwargs, host_config=api.create_host_config(**host_kwargs))

@@ -43,7 +43,7 @@ from code_sandbox.docker_engine.sdk import Client, get_json
 from code_sandbox.docker_engine.volumes import TmpfsVolume
 from code_sandbox.engine import RuntimeFacts
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import SEALED_DIRS, SEALED_TMPFS, ContainerRequest
+from code_sandbox.hardening import SEALED_TMPFS, ContainerRequest, sealed_dirs
 from code_sandbox.liveness import default_state_dir
 from code_sandbox.seccomp import profile_text
 from code_sandbox.settings import SettingsError, env_name, is_runtime_name
@@ -60,14 +60,19 @@ _SEALED_TMPFS = SEALED_TMPFS + ",notmpcopyup"
 
 
 def host_config(
-    docker_host_config: Mapping[str, object], request: ContainerRequest, volumes: list[TmpfsVolume], seccomp_file: str
+    docker_host_config: Mapping[str, object],
+    request: ContainerRequest,
+    volumes: list[TmpfsVolume],
+    seccomp_file: str,
+    runtime: RuntimeFacts,
 ) -> dict[str, object]:
     """A hardened container's host configuration as Podman needs it (the differences above)."""
     host = {key: value for key, value in docker_host_config.items() if key != "runtime"}
     hardening = request.hardening
     host["security_opt"] = hardening.security_opt(apparmor=False, seccomp=seccomp_file)
     host["ulimits"] = [*ulimits(hardening), Ulimit(name="nproc", soft=PODMAN_NPROC, hard=PODMAN_NPROC)]
-    host["tmpfs"] = dict.fromkeys((*_OWN_TMPFS, *SEALED_DIRS), _SEALED_TMPFS)
+    sealed = sealed_dirs(user_space_kernel=runtime.user_space_kernel)
+    host["tmpfs"] = dict.fromkeys((*_OWN_TMPFS, *sealed), _SEALED_TMPFS)
     host["binds"] = [volume.bind() for volume in volumes]
     return host
 

@@ -1,6 +1,7 @@
-"""The offline image build: a ``FROM scratch`` context written in memory, with the profile's runtime binary (root-owned
-and unreadable, mode 0711, and a readable copy that gVisor runs), the seal (:mod:`code_sandbox.image.seal`), the
-profile's files (helpers, any library tree; root-owned, 0555), the shared libraries these need, an operator's package
+"""The offline image build: a ``FROM scratch`` context written in memory, with the profile's runtime binary and its ELF
+interpreter (root-owned and unreadable, mode 0711, and readable copies that gVisor runs), the seal
+(:mod:`code_sandbox.image.seal`), the profile's files (helpers, any library tree; root-owned, 0444), the shared
+libraries these need, an operator's package
 set if one is given (root-owned, read-only), ``/etc/passwd`` and ``/etc/group`` with the supervisor user, and empty
 mount points; the runtime's digest and a manifest of every entry go into labels (:mod:`.layout`)."""
 
@@ -16,16 +17,21 @@ from pathlib import Path, PurePosixPath
 from code_sandbox.channel.protocol import PROTOCOL_LABEL, PROTOCOL_VERSION
 from code_sandbox.engine import Engine, normalise_arch
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import SCRATCH_DIR, WORKSPACE_DIR, readable_runtime
-from code_sandbox.image.elf import is_elf, resolve_runtime_files
+from code_sandbox.hardening import READABLE_LOADER, SCRATCH_DIR, WORKSPACE_DIR, readable_runtime
+from code_sandbox.image.elf import is_elf, resolve_runtime_files, with_interpreter
 from code_sandbox.image.layout import (
     DOCKERFILE,
+    FILE_MODE_IN_IMAGE,
     FILES_LABEL,
     GROUP,
+    INIT_DIR,
+    INIT_DIR_MODE,
     PASSWD,
+    READABLE_DIGEST_LABEL,
     READABLE_RUNTIME_MODE,
     RUNTIME_DIGEST_LABEL,
     RUNTIME_MODE,
+    image_gid,
     manifest_line,
     under,
 )
@@ -96,7 +102,19 @@ def build_offline_image(
     files[SEAL_PATH] = _seal_for(daemon.architecture)
     tree = _package_tree(spec, packages)
     progress(f"writing the context ({len(files)} files, {len(libraries)} of them libraries; {len(tree)} vendored)")
-    entries = _image_entries(runtime_bytes, contents.runtime_path, files, tree)
+    if info.interpreter is None:
+        raise SandboxError(
+            ErrorCode.IMAGE_BUILD_FAILED,
+            "the runtime binary is statically linked",
+            hint="pass --runtime with a dynamically linked Linux binary",
+        )
+    try:
+        readable_bytes = with_interpreter(runtime_bytes, READABLE_LOADER)
+    except ValueError:
+        raise SandboxError(
+            ErrorCode.IMAGE_BUILD_FAILED, "the runtime binary's interpreter path is too short to name its readable copy"
+        ) from None
+    entries = _image_entries(runtime_bytes, readable_bytes, contents.runtime_path, info.interpreter, files, tree)
     context = _build_context(entries)
     progress(f"sending {context.getbuffer().nbytes // (1024 * 1024)} MiB to the Docker engine")
     labels = {
@@ -104,6 +122,7 @@ def build_offline_image(
         spec.runtime_version_label: contents.runtime_version,
         PROTOCOL_LABEL: str(PROTOCOL_VERSION),
         RUNTIME_DIGEST_LABEL: hashlib.sha256(runtime_bytes).hexdigest(),
+        READABLE_DIGEST_LABEL: hashlib.sha256(readable_bytes).hexdigest(),
         FILES_LABEL: _manifest(entries, spec.package_root),
         **(set_labels(packages.packages, packages.files) if packages is not None else {}),
     }
@@ -155,16 +174,28 @@ _Entry = tuple[str, int, bytes]  # kind ("directory" or "file"), mode, a file's 
 
 
 def _image_entries(
-    runtime: bytes, runtime_path: str, contents: Mapping[str, bytes], tree: Mapping[str, bytes]
+    runtime: bytes,
+    readable: bytes,
+    runtime_path: str,
+    interpreter: str,
+    contents: Mapping[str, bytes],
+    tree: Mapping[str, bytes],
 ) -> dict[str, _Entry]:
-    """Every entry of the image, all root-owned: files with their bytes, and the directories that hold them."""
-    files: dict[str, tuple[bytes, int]] = {path: (data, 0o555) for path, data in contents.items()}
+    """Every entry of the image, all root-owned: files with their bytes, and the directories that hold them. Only the
+    runtime and its interpreter are executable, and neither is readable; their readable copies are for gVisor."""
+    files: dict[str, tuple[bytes, int]] = {path: (data, FILE_MODE_IN_IMAGE) for path, data in contents.items()}
     files.update((path, (data, FILE_MODE)) for path, data in tree.items())
     files[runtime_path] = (runtime, RUNTIME_MODE)
-    files[readable_runtime(runtime_path)] = (runtime, READABLE_RUNTIME_MODE)
+    files[interpreter] = (contents[interpreter], RUNTIME_MODE)
+    files[readable_runtime(runtime_path)] = (readable, READABLE_RUNTIME_MODE)
+    files[READABLE_LOADER] = (contents[interpreter], READABLE_RUNTIME_MODE)
     files["/etc/passwd"] = (PASSWD.encode(), 0o444)
     files["/etc/group"] = (GROUP.encode(), 0o444)
-    entries: dict[str, _Entry] = {WORKSPACE_DIR: ("directory", 0o700, b""), SCRATCH_DIR: ("directory", 0o700, b"")}
+    entries: dict[str, _Entry] = {
+        WORKSPACE_DIR: ("directory", 0o700, b""),
+        SCRATCH_DIR: ("directory", 0o700, b""),
+        INIT_DIR: ("directory", INIT_DIR_MODE, b""),
+    }
     for image_path in files:
         mode = DIRECTORY_MODE if image_path in tree else 0o755
         for parent in PurePosixPath(image_path).parents:
@@ -181,7 +212,8 @@ def _build_context(entries: Mapping[str, _Entry]) -> io.BytesIO:
             _tar_entry("Dockerfile", tarfile.REGTYPE, 0o444, len(DOCKERFILE)), io.BytesIO(DOCKERFILE.encode())
         )
         for path in sorted(path for path, (kind, _, _) in entries.items() if kind == "directory"):
-            archive.addfile(_tar_entry("rootfs" + path, tarfile.DIRTYPE, entries[path][1], 0))
+            context_dir = "init" if image_gid(path) else "rootfs"
+            archive.addfile(_tar_entry(context_dir + path, tarfile.DIRTYPE, entries[path][1], 0))
         for path in sorted(path for path, (kind, _, _) in entries.items() if kind == "file"):
             _, mode, data = entries[path]
             archive.addfile(_tar_entry("rootfs" + path, tarfile.REGTYPE, mode, len(data)), io.BytesIO(data))
@@ -192,7 +224,9 @@ def _build_context(entries: Mapping[str, _Entry]) -> io.BytesIO:
 def _manifest(entries: Mapping[str, _Entry], package_root: str | None) -> str:
     """The :data:`FILES_LABEL` of an image of these entries."""
     lines = (
-        manifest_line(path, kind, mode, 0, 0, hashlib.sha256(data).hexdigest() if kind == "file" else None)
+        manifest_line(
+            path, kind, mode, 0, image_gid(path), hashlib.sha256(data).hexdigest() if kind == "file" else None
+        )
         for path, (kind, mode, data) in entries.items()
         if not under(path, package_root)
     )

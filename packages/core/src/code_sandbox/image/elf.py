@@ -98,6 +98,30 @@ def _parse(data: bytes) -> ElfInfo:
     return ElfInfo(machine=_MACHINES[e_machine], interpreter=interpreter, needed=tuple(needed))
 
 
+def with_interpreter(data: bytes, interpreter: str) -> bytes:
+    """``data``, an ELF executable, naming ``interpreter`` as its program interpreter instead of its own.
+
+    The new path takes the old one's place in the file: it is padded to the same length with leading slashes (which
+    path resolution ignores), so no offset in the file moves, and the kernel and gVisor both read it as one path.
+
+    :raises ValueError: ``data`` has no interpreter, or ``interpreter`` is longer than the one it has.
+    """
+    e_phoff = struct.unpack_from("<Q", data, 32)[0]
+    e_phentsize, e_phnum = struct.unpack_from("<HH", data, 54)
+    for index in range(e_phnum):
+        p_type, _flags, p_offset, _vaddr, _paddr, p_filesz = struct.unpack_from(
+            "<IIQQQQ", data, e_phoff + index * e_phentsize
+        )
+        if p_type != _PT_INTERP:
+            continue
+        encoded = interpreter.encode()
+        if not encoded.startswith(b"/") or len(encoded) > p_filesz - 1:
+            raise ValueError("the new interpreter path does not fit in the old one's place")
+        field = encoded.rjust(p_filesz - 1, b"/") + b"\x00"
+        return data[:p_offset] + field + data[p_offset + p_filesz :]
+    raise ValueError("no program interpreter")
+
+
 def _vaddr_to_offset(vaddr: int, loads: list[tuple[int, int, int]]) -> int:
     for seg_vaddr, seg_offset, seg_size in loads:
         if seg_vaddr <= vaddr < seg_vaddr + seg_size:

@@ -21,6 +21,7 @@ from code_sandbox.hardening import (
     LABEL_EXPIRES_AT,
     LABEL_MANAGED,
     PROBE_UID,
+    READABLE_RUNTIME_DIR,
     SUPERVISOR_USER,
     ContainerRequest,
     readable_runtime,
@@ -29,16 +30,20 @@ from code_sandbox.hardening import (
 from code_sandbox.image.layout import (
     BUILDER_LABELS,
     ENGINE_MADE,
+    FILE_MODE_IN_IMAGE,
     FILES_LABEL,
     FORBIDDEN_NAMES,
     GROUP,
     IMAGE_CONFIG,
     PASSWD,
+    READABLE_DIGEST_LABEL,
     READABLE_RUNTIME_MODE,
     RUNTIME_DIGEST_LABEL,
     RUNTIME_MODE,
+    image_gid,
     manifest_line,
     path_of,
+    under,
 )
 from code_sandbox.image.package_sets import (
     DIRECTORY_MODE,
@@ -152,7 +157,8 @@ def verify_image(engine: Engine, profile: Profile, *, apparmor: bool | None = No
     report.image = image
     expected = {**spec.labels, PROTOCOL_LABEL: str(PROTOCOL_VERSION)}
     wrong = sorted(key for key, value in expected.items() if image.labels.get(key) != value)
-    built = {spec.runtime_version_label, RUNTIME_DIGEST_LABEL, FILES_LABEL, PACKAGES_LABEL, PACKAGES_DIGEST_LABEL}
+    built = {spec.runtime_version_label, RUNTIME_DIGEST_LABEL, READABLE_DIGEST_LABEL, FILES_LABEL, PACKAGES_LABEL,
+             PACKAGES_DIGEST_LABEL}  # fmt: skip
     unexpected = sorted(image.labels.keys() - expected.keys() - built - BUILDER_LABELS)
     report.add(
         "labels",
@@ -211,6 +217,7 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
     seen: set[str] = set()
     engine_made: list[str] = []  # engine-made entries that are more than a mount point, an empty file or the link
     unsafe: list[str] = []  # not root's, setuid, setgid, sticky or writable by others: whatever the manifest says
+    runnable: list[str] = []  # files others may both read and execute, outside the readable copies' directory
     accounts: dict[str, tuple[str, str | None]] = {}
     try:
         for entry in engine.export_filesystem(container_id):
@@ -220,8 +227,10 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
                 if not _plain_engine_entry(entry):
                     engine_made.append(entry.path)
             else:
-                if entry.uid != 0 or entry.gid != 0 or entry.mode & _UNSAFE_BITS:
+                if entry.uid != 0 or entry.gid != image_gid(entry.path) or entry.mode & _UNSAFE_BITS:
                     unsafe.append(entry.path)
+                if _readable_executable(entry) and not under(entry.path, READABLE_RUNTIME_DIR):
+                    runnable.append(entry.path)
                 if entry.path in _ACCOUNTS:
                     accounts[entry.path] = (entry.kind, entry.sha256)
                 seen.add(manifest_line(entry.path, entry.kind, entry.mode, entry.uid, entry.gid, entry.sha256,
@@ -237,14 +246,14 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
                 readable = (entry.kind, entry.mode, entry.uid, entry.sha256)
             if entry.path == SEAL_PATH:
                 seal_found = seal is not None and entry.sha256 == hashlib.sha256(seal).hexdigest()
-                seal_found = seal_found and entry.kind == "file" and entry.mode == 0o555 and entry.uid == 0
+                seal_found = seal_found and entry.kind == "file" and entry.mode == FILE_MODE_IN_IMAGE and entry.uid == 0
     finally:
         with contextlib.suppress(SandboxError):
             engine.remove_container(container_id)
     report.add(
         "no shell or package manager", not forbidden, "none found" if not forbidden else ", ".join(sorted(forbidden))
     )
-    bad = sorted(path for path, digest in expected.items() if helpers.get(path) != (digest, 0o555, 0))
+    bad = sorted(path for path, digest in expected.items() if helpers.get(path) != (digest, FILE_MODE_IN_IMAGE, 0))
     report.add("helpers match the profile's", not bad, "all match" if not bad else "differ: " + ", ".join(bad))
     report.add("runtime sealed", runtime_found, f"{runtime_path} root-owned, mode {RUNTIME_MODE:o}")
     digest_label = image.labels.get(RUNTIME_DIGEST_LABEL)
@@ -254,13 +263,21 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
         f"{runtime_path} is the binary the build recorded" if runtime_digest == digest_label is not None
         else f"{runtime_path} is not the binary the build recorded in {RUNTIME_DIGEST_LABEL}",
     )  # fmt: skip
-    readable_ok = readable == ("file", READABLE_RUNTIME_MODE, 0, digest_label) and digest_label is not None
+    readable_label = image.labels.get(READABLE_DIGEST_LABEL)
+    readable_ok = readable == ("file", READABLE_RUNTIME_MODE, 0, readable_label) and readable_label is not None
     report.add(
         "readable runtime",
         readable_ok,
-        f"{readable_path} is the same binary, root-owned, mode {READABLE_RUNTIME_MODE:o}" if readable_ok
-        else f"{readable_path} is missing, or not the recorded binary, root-owned, mode {READABLE_RUNTIME_MODE:o}",
+        f"{readable_path} is the recorded copy, root-owned, mode {READABLE_RUNTIME_MODE:o}" if readable_ok
+        else f"{readable_path} is missing, or not the recorded copy, root-owned, mode {READABLE_RUNTIME_MODE:o}",
     )  # fmt: skip
+    report.add(
+        "nothing readable runs",
+        not runnable,
+        f"every executable file is unreadable, but under {READABLE_RUNTIME_DIR}"
+        if not runnable
+        else "readable and executable: " + ", ".join(sorted(runnable)[:5]),
+    )
     report.add("seal", seal_found, f"{SEAL_PATH} " + ("matches" if seal_found else "is missing or differs"))
     _report_files(image, seen, engine_made, report)
     report.add(
@@ -284,6 +301,11 @@ def _plain_engine_entry(entry: FileEntry) -> bool:
     if entry.kind == "file":
         return entry.sha256 == _EMPTY_SHA256
     return entry.path == "/etc/mtab" and entry.kind == "symlink" and entry.link in ("/proc/mounts", "../proc/mounts")
+
+
+def _readable_executable(entry: FileEntry) -> bool:
+    """A file every uid may both read and execute: a process that runs it is dumpable (SECURITY.md)."""
+    return entry.kind == "file" and entry.mode & 0o005 == 0o005
 
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
