@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import anyio.to_thread
 import pytest
 from code_sandbox.channel.protocol import RunAnswer, RunRequest
@@ -56,6 +58,12 @@ shared = os.open('/etc/passwd', os.O_RDONLY)  # a file of the image, which every
 attempt('nowait_read', lambda: os.preadv(shared, [bytearray(1)], 0, os.RWF_NOWAIT))
 attempt('dontneed', lambda: os.posix_fadvise(shared, 0, 0, os.POSIX_FADV_DONTNEED))
 attempt('plain_read', lambda: os.preadv(shared, [bytearray(1)], 0))
+attempt('user_xattr', lambda: os.setxattr('/workspace/main.py', 'user.note', b'x' * 1000))
+attempt('acl', lambda: os.setxattr('/tmp', 'system.posix_acl_default', b'\\x02\\x00\\x00\\x00'))
+import fcntl
+mine = os.open('/tmp/lock', os.O_RDWR | os.O_CREAT)
+attempt('record_lock', lambda: fcntl.lockf(mine, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0))
+attempt('flock', lambda: fcntl.flock(mine, fcntl.LOCK_EX))
 print(out)
 """
 
@@ -65,9 +73,10 @@ print(out)
     "in its own memory, charged to the sandbox"
 )
 async def test_a_program_reaches_no_kernel_object_the_cgroup_does_not_count(sandboxes: SessionManager) -> None:
-    # Python has setsockopt, memfd_create, preadv2 and fadvise where JavaScript has none: the seccomp profile refuses
-    # the forms that hold memory no cgroup counts (a BPF socket filter, an IP or netlink socket) or that tell or change
-    # what another sandbox has in the page cache; the plain forms work.
+    # Python has setsockopt, memfd_create, preadv2, fadvise, xattrs and locks where JavaScript has none: the seccomp
+    # profile refuses the forms that hold memory no cgroup counts (a BPF socket filter, an IP or netlink socket, an
+    # extended attribute or ACL on tmpfs, a file lock) or that tell or change what another sandbox has in the page
+    # cache; the plain forms work.
     session = await sandboxes.create()
     await write_files(sandboxes, session.id, [("main.py", KERNEL_REACH)], overwrite=False)
     result = await run_entrypoint(sandboxes, session.id, "main.py", [], timeout_seconds=10)
@@ -75,7 +84,8 @@ async def test_a_program_reaches_no_kernel_object_the_cgroup_does_not_count(sand
     eperm = 1
     assert result.stdout.strip() == str({
         "attach_filter": eperm, "sndbuf": "ok", "inet": eperm, "netlink": eperm, "memfd_exec": eperm,
-        "mqueue": 30, "nowait_read": eperm, "dontneed": eperm, "plain_read": "ok",
+        "mqueue": 30, "nowait_read": eperm, "dontneed": eperm, "plain_read": "ok", "user_xattr": errno.ENOTSUP,
+        "acl": errno.ENOTSUP, "record_lock": errno.ENOLCK, "flock": errno.ENOLCK,
     })  # fmt: skip
 
 

@@ -24,14 +24,16 @@ from typing import NotRequired, TypedDict
 
 from code_sandbox.seccomp.allowed import AF_UNIX, ALLOWED, CLONE_NAMESPACE_FLAGS
 from code_sandbox.seccomp.group import ArgCondition, Group, syscall_names
-from code_sandbox.seccomp.refused import REFUSED_ENOSYS, REFUSED_EPERM
+from code_sandbox.seccomp.refused import REFUSED_ENOLCK, REFUSED_ENOSYS, REFUSED_ENOTSUP, REFUSED_EPERM
 
 __all__ = [
     "AF_UNIX",
     "ALLOWED",
     "ARCHES",
     "CLONE_NAMESPACE_FLAGS",
+    "REFUSED_ENOLCK",
     "REFUSED_ENOSYS",
+    "REFUSED_ENOTSUP",
     "REFUSED_EPERM",
     "X86_64_ONLY",
     "ArgCondition",
@@ -92,16 +94,17 @@ def build_profile(architecture: str) -> SeccompProfile:
     if architecture not in ARCHES:
         raise ValueError(f"no seccomp profile for architecture {architecture!r}")
     rules: list[SyscallRule] = []
-    for group in (*ALLOWED, *REFUSED_ENOSYS):
+    for group in (*ALLOWED, *REFUSED_ENOSYS, *REFUSED_ENOTSUP, *REFUSED_ENOLCK):
         names = _arch_names(group.names, architecture)
         if not names:
             continue
-        rule: SyscallRule = {"names": sorted(names), "action": group.action, "comment": group.name}
-        if group.errno_ret is not None:
-            rule["errnoRet"] = group.errno_ret
-        if group.args:
-            rule["args"] = [arg.copy() for arg in group.args]
-        rules.append(rule)
+        for conditions in group.condition_sets():
+            rule: SyscallRule = {"names": sorted(names), "action": group.action, "comment": group.name}
+            if group.errno_ret is not None:
+                rule["errnoRet"] = group.errno_ret
+            if conditions:
+                rule["args"] = [arg.copy() for arg in conditions]
+            rules.append(rule)
     return {
         "defaultAction": "SCMP_ACT_ERRNO",
         "defaultErrnoRet": errno.EPERM,
@@ -119,10 +122,10 @@ def profile_text(architecture: str) -> str:
 def check_consistency() -> list[str]:
     """Names decided twice without argument filters (allowed and refused), which would make the profile's meaning
     unclear. Rules with argument filters may share a name: each covers the argument values it names."""
-    allowed = {name for group in ALLOWED if not group.args for name in group.names}
+    allowed = {name for group in ALLOWED if group.condition_sets() == ((),) for name in group.names}
     problems: list[str] = []
-    for group in (*REFUSED_ENOSYS, *REFUSED_EPERM):
-        if group.args:
+    for group in (*REFUSED_ENOSYS, *REFUSED_ENOTSUP, *REFUSED_ENOLCK, *REFUSED_EPERM):
+        if group.condition_sets() != ((),):
             continue
         for name in group.names:
             if name in allowed:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import errno
 
-from code_sandbox.seccomp.group import Group, syscall_names
+from code_sandbox.seccomp.allowed import FCNTL_LOCKS
+from code_sandbox.seccomp.group import Group, int_is, syscall_names
 
 REFUSED_ENOSYS: tuple[Group, ...] = (
     Group(
@@ -48,6 +49,41 @@ REFUSED_ENOSYS: tuple[Group, ...] = (
         ),
         action="SCMP_ACT_ERRNO",
         errno_ret=errno.ENOSYS,
+    ),
+)
+
+REFUSED_ENOTSUP: tuple[Group, ...] = (
+    Group(
+        "xattr-writes-enotsup",
+        "Setting an extended attribute, in any name space and by any of the four calls. On tmpfs (the workspace and "
+        "/tmp) a POSIX ACL or a user.* attribute is kernel memory that the memory cgroup does not count on cgroup v1: "
+        "an ACL of 8,191 entries pins a 128 KiB block, and one sandbox pinned 4,108 MiB of the host's slab while its "
+        "cgroup grew 3.4 MiB. ENOTSUP is what a file system without extended attributes answers, which copiers "
+        "(Python's shutil.copy2, cp -a, tar) take as 'nothing to copy'; EPERM would fail some of them.",
+        syscall_names("setxattr lsetxattr fsetxattr setxattrat"),
+        action="SCMP_ACT_ERRNO",
+        errno_ret=errno.ENOTSUP,
+    ),
+)
+
+REFUSED_ENOLCK: tuple[Group, ...] = (
+    Group(
+        "fcntl-locks-enolck",
+        "Record locks (fcntl F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW): see fcntl-without-locks. ENOLCK is what "
+        "the kernel answers when it has no lock to give; SQLite reports it as 'database is locked' (a database file "
+        "opened as file:<name>?vfs=unix-none, or one in memory, takes no lock).",
+        ("fcntl",),
+        action="SCMP_ACT_ERRNO",
+        errno_ret=errno.ENOLCK,
+        alternatives=tuple((int_is(1, command),) for command in FCNTL_LOCKS),
+    ),
+    Group(
+        "flock-enolck",
+        "flock(2) holds one lock per open file in the same uncharged slab; nothing in a sandbox shares its files "
+        "with another program that would need the lock.",
+        ("flock",),
+        action="SCMP_ACT_ERRNO",
+        errno_ret=errno.ENOLCK,
     ),
 )
 
