@@ -14,7 +14,6 @@ from functools import partial
 from typing import NamedTuple, TypeVar
 
 import anyio
-import anyio.to_thread
 
 from code_sandbox.channel.protocol import ReadyAnswer
 from code_sandbox.channel.transport import Target, Transport, runtime_argv
@@ -38,6 +37,7 @@ from code_sandbox.limits import MEMORY_BYTES, SANDBOX_BACKING_BYTES, MiB, sessio
 from code_sandbox.liveness import machine_name
 from code_sandbox.profile import Profile
 from code_sandbox.settings import Settings, SettingsError, env_name
+from code_sandbox.threads import in_engine_thread
 from code_sandbox.timeline import milestone
 
 logger = logging.getLogger(__name__)
@@ -52,8 +52,9 @@ UID_ATTEMPTS = 5
 
 
 async def run_sync(function: Callable[..., _T], *args: object, abandon: bool = False) -> _T:
-    """Call a blocking (Docker) function in a worker thread, so that one slow call never stalls another session."""
-    return await anyio.to_thread.run_sync(function, *args, abandon_on_cancel=abandon)
+    """Call a blocking (Docker) function in a worker thread of the engine's budget (:mod:`code_sandbox.threads`), so
+    that one slow call never stalls another session and no run holds the thread an engine request needs."""
+    return await in_engine_thread(function, *args, abandon=abandon)
 
 
 class Provisioned(NamedTuple):

@@ -19,11 +19,11 @@ from typing import TypeVar
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from code_sandbox.channel.protocol import OutputPiece, ProtocolViolation, parse_message
 from code_sandbox.channel.protocol import Progress as ProgressLine
+from code_sandbox.threads import in_call_thread
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -55,7 +55,7 @@ async def supervise(
     rather than wrapped in an exception group.
     """
     if progress is None and output is None:  # nothing to relay
-        return await anyio.to_thread.run_sync(call, None, abandon_on_cancel=True)
+        return await in_call_thread(call, None)
     outcome: list[_T] = []
     failure: BaseException | None = None
     delivered = anyio.Event()
@@ -65,7 +65,7 @@ async def supervise(
             group.start_soon(_deliver_updates, receive, progress, output, delivered)
             on_stderr = update_reader(send)
             try:
-                outcome.append(await anyio.to_thread.run_sync(call, on_stderr, abandon_on_cancel=True))
+                outcome.append(await in_call_thread(call, on_stderr))
             except BaseException as exc:  # re-raised below, outside the group
                 failure = exc
         if failure is None:  # what was offered before the answer goes out first, unless the client is slow

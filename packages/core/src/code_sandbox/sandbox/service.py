@@ -32,6 +32,7 @@ from code_sandbox.sandbox.sessions import Session, SessionManager
 from code_sandbox.sandbox.sweep import sweep_managed
 from code_sandbox.sandbox.workspace import prepare_write
 from code_sandbox.settings import Settings
+from code_sandbox.threads import in_engine_thread
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ class SandboxService:
         # A tagged server (CODE_SANDBOX_TAG) judges only its tag's containers: other clients' are theirs to sweep.
         tag = self.engine.labels.get(LABEL_TAG)
         try:
-            await anyio.to_thread.run_sync(
+            await in_engine_thread(
                 lambda: sweep_managed(
                     self.engine, max_lifetime=self.settings.max_lifetime, state_dir=self.state_dir, tag=tag
                 )

@@ -19,13 +19,13 @@ from functools import partial
 from typing import TypeVar
 
 import anyio
-import anyio.to_thread
 
 from code_sandbox.channel.guard import Channel
 from code_sandbox.channel.protocol import KillAllAnswer, ProtocolViolation, SurveyAnswer
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import OUTPUT_CAP_BYTES
 from code_sandbox.sandbox.relay import OutputSink, Progress, supervise
+from code_sandbox.threads import in_engine_thread
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -135,7 +135,7 @@ def count_survivors(channel: Channel) -> int | None:
 async def _count_soon(channel: Channel) -> int | None:
     """:func:`count_survivors` in a worker thread, bounded by :data:`SURVEY_TIMEOUT_SECONDS`."""
     with anyio.move_on_after(SURVEY_TIMEOUT_SECONDS):
-        return await anyio.to_thread.run_sync(count_survivors, channel, abandon_on_cancel=True)
+        return await in_engine_thread(count_survivors, channel, abandon=True)
     return None
 
 
@@ -176,7 +176,7 @@ async def cancel_run(channel: Channel, finished: threading.Event) -> None:
     kill_all = partial(channel.transport.kill_all, channel.target, timeout=CANCEL_TIMEOUT_SECONDS)
     for _attempt in range(CANCEL_KILL_ATTEMPTS):
         try:
-            answer = await anyio.to_thread.run_sync(kill_all, abandon_on_cancel=True)
+            answer = await in_engine_thread(kill_all, abandon=True)
         except SandboxError:
             break
         if not (isinstance(answer, KillAllAnswer) and answer.cleanup == "ok"):

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-import anyio.to_thread
-
 from code_sandbox.channel.guard import Channel, Sandboxes
 from code_sandbox.channel.protocol import (
     DeleteAnswer,
@@ -50,6 +48,7 @@ from code_sandbox.limits import (
 from code_sandbox.paths import validate_path
 from code_sandbox.sandbox.pictures import whole_picture_type
 from code_sandbox.sandbox.results import ReadFileOutput
+from code_sandbox.threads import in_call_thread
 
 HELPER_TIMEOUT_SECONDS = 30.0
 """A picture read as base64 up to this size is also returned as an image for the client to show."""
@@ -250,7 +249,7 @@ async def call_file_helper(
     )
     hung = SandboxError(ErrorCode.TIMEOUT, "the file operation hung; the sandbox was destroyed")
     async with channel.guard(crashed=transfer_failed, hung=hung):
-        reply = await anyio.to_thread.run_sync(
+        reply = await in_call_thread(
             partial(
                 channel.transport.files, channel.target, request, answer, payload=payload,
                 timeout=HELPER_TIMEOUT_SECONDS,

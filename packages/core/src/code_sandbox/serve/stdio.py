@@ -42,6 +42,7 @@ from code_sandbox.serve.handshake import (
 )
 from code_sandbox.serve.wire import PARSE_ERROR, Refusal, escape_line, judge_line, refusal_line
 from code_sandbox.settings import Settings
+from code_sandbox.threads import in_wire_thread
 from code_sandbox.timeline import milestone
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ class Wire:
     async def send_early(self, request: Initialize, result: JSONObject) -> None:
         """Answer ``request`` now, before the SDK has loaded; its answer will be compared, not sent."""
         self._watch, self._sent = request, result
-        await anyio.to_thread.run_sync(self._write_line, answer_line(request.id, result).decode())
+        await in_wire_thread(self._write_line, answer_line(request.id, result).decode())
 
     def record(self, request: Initialize) -> None:
         """Record the SDK's answer to ``request`` when it passes through."""
@@ -144,7 +145,7 @@ class Wire:
             request, sent, self._watch = self._watch, self._sent, None
             answers, result = parse_response(text, request.id)
             if answers and result is not None and result != sent:
-                await anyio.to_thread.run_sync(self._answers.put, request.protocol_version, result)
+                await in_wire_thread(self._answers.put, request.protocol_version, result)
             if sent is not None:
                 if not answers or result is None:
                     logger.error("the SDK refused an initialize that was answered early; ending the connection")
@@ -153,12 +154,12 @@ class Wire:
                     logger.warning("the recorded initialize answer differed from the SDK's; recorded anew")
                 if answers:
                     return len(text)  # answered already
-        await anyio.to_thread.run_sync(self._write_line, text)
+        await in_wire_thread(self._write_line, text)
         return len(text)
 
     async def refuse(self, refusal: Refusal) -> None:
         """Answer a client line that never reached the SDK."""
-        await anyio.to_thread.run_sync(self._write_line, refusal_line(refusal))
+        await in_wire_thread(self._write_line, refusal_line(refusal))
 
     async def flush(self) -> None:
         """Every write went out whole already."""
