@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import resource
+import time
 
 import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
 
 from tests.security.conftest import Arena
-from tests.support.inspect import inspect_container, memory_usage
+from tests.support.inspect import inspect_container, memory_usage, oom_events
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 MiB = 1024 * 1024
@@ -117,6 +118,38 @@ async def test_memory_bombs_end_at_the_memory_limit_without_swap(arena: Arena, s
         return
     assert result.exit_code != 0
     assert result.oom_killed or result.signal in ("SIGABRT", "SIGTRAP", "SIGKILL") or result.exit_code in (134, 137)
+    await arena.assert_bystander_unaffected()
+
+
+OOM_LOOP = """
+const cp = require('child_process');
+function again() {
+  const child = cp.spawn(process.execPath, ['-e', 'const a = []; for (;;) a.push(Buffer.allocUnsafeSlow(256 << 20).fill(1))'],
+                         { stdio: 'ignore' });
+  child.on('exit', again);
+}
+for (let i = 0; i < 4; i++) again();
+"""
+
+
+@pytest.mark.runc_only("under gVisor the first OOM kill ends gVisor's kernel, and the sandbox with it")
+async def test_a_sandbox_that_runs_out_of_memory_again_and_again_ends_before_the_engine_writes_much(
+    arena: Arena,
+) -> None:
+    # Each OOM kill makes dockerd rewrite the container's config.v2.json and hostconfig.json on the host's disk (about
+    # 0.6 MB measured per kill); 500 kills in 20 s wrote 13-21 MB. The watchdog ends the sandbox after 16.
+    engine = arena.manager.provisioner.engine
+    since = int(time.time()) - 1
+    started = time.monotonic()
+    with pytest.raises(SandboxError) as ended:
+        await arena.attack(OOM_LOOP, timeout=60)
+    assert time.monotonic() - started < 40  # well before the run's own deadline
+    assert ended.value.code in (ErrorCode.CONTAINER_UNAVAILABLE, ErrorCode.SUPERVISOR_FAILED), ended.value
+    ooms = oom_events(engine, arena.victim.container_id, since=since, until=int(time.time()) + 1)
+    # 16 kills, and what half a second of polling lets past them. The engine sees several OOM events per kill (one
+    # each time a process meets the limit while the last victim is still dying), each one a rewrite: 50 to 136 were
+    # seen for 16 kills (about 20 MB written), where the loop went on for the run's whole minute before.
+    assert 16 <= ooms <= 250, ooms
     await arena.assert_bystander_unaffected()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, cast
 
 from code_sandbox.docker_engine import DockerEngine
@@ -23,3 +24,13 @@ def memory_usage(engine: Engine, container_id: str) -> int:
     kernel holds for the sandbox (processes, files, socket buffers) is there."""
     stats = cast(dict[str, Any], docker_of(engine).client().stats(container_id, stream=False))
     return int(stats["memory_stats"]["usage"])
+
+
+def oom_events(engine: Engine, container_id: str, *, since: int, until: int) -> int:
+    """How many ``oom`` events the engine reported for the container between two wall-clock seconds."""
+    events = (
+        docker_of(engine)
+        .client()
+        .events(since=since, until=until, filters={"container": container_id, "event": "oom"}, decode=True)
+    )
+    return sum(1 for _event in cast(Iterable[object], events))

@@ -8,7 +8,18 @@
 // <lifetime_seconds> unless it is claimed, and the first SIGUSR2 (sent by the host through `docker kill`,
 // forwarded by docker-init) moves the deadline to <claimed_lifetime_seconds> from that moment, once. User code
 // runs as another uid and cannot send that signal. (Not SIGUSR1: Node reserves it to open the inspector.)
+//
+// It also ends the sandbox once the kernel has killed OOM_KILLS_ALLOWED of its processes for running it out of
+// memory: on every such kill the engine rewrites the container's configuration on its host's disk (dockerd
+// checkpoints it for each OOM event), so a program that fills the memory again and again would make the host write
+// without end. The counter is the cgroup's own, which no process of the sandbox can change.
+import fs from 'node:fs';
+
 const MAX_LIFETIME_S = 86_400;
+const OOM_KILLS_ALLOWED = 16;
+const OOM_CHECK_MS = 500;
+const OOM_BUDGET_SPENT = 3; // the exit status, for the operator's eyes: the container and its processes end with it
+const OOM_COUNTERS = ['/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control']; // v2, v1
 // Short wakes also keep every delay far below setTimeout's 2^31-1 ms cap (beyond it, timers fire at once).
 const CHECK_EVERY_MS = 30_000;
 
@@ -60,3 +71,37 @@ process.on('SIGUSR2', () => {
   clearTimeout(timer);
   check();
 });
+
+// The cgroup's OOM-kill counter, read through a descriptor held open (an open would charge a file to the sandbox's
+// memory at the moment it has none); none under gVisor, which shows no cgroup files and whose kernel dies with the
+// first OOM anyway.
+function oomCounter() {
+  const buffer = Buffer.alloc(4096);
+  for (const file of OOM_COUNTERS) {
+    let fd;
+    try {
+      fd = fs.openSync(file, 'r');
+    } catch {
+      continue;
+    }
+    const read = () => {
+      try {
+        const match = /^oom_kill (\d+)$/m.exec(buffer.toString('latin1', 0, fs.readSync(fd, buffer, 0, buffer.length, 0)));
+        return match ? Number(match[1]) : null;
+      } catch {
+        return null;
+      }
+    };
+    if (read() !== null) return read;
+    fs.closeSync(fd);
+  }
+  return null;
+}
+const readOomKills = oomCounter();
+if (readOomKills !== null) {
+  const start = readOomKills();
+  setInterval(() => {
+    const now = readOomKills();
+    if (now !== null && now - start >= OOM_KILLS_ALLOWED) process.exit(OOM_BUDGET_SPENT);
+  }, OOM_CHECK_MS);
+}
