@@ -150,7 +150,7 @@ def test_verify_image_runs_its_hardened_probe_under_the_configured_runtime(
     assert report.passed, [check for check in report.checks if not check.passed]
     checks = {check.name: check.detail for check in report.checks}
     assert checks["trust model"].startswith("engine-only:")
-    assert checks["readable runtime"].endswith("is the same binary, root-owned, mode 755")
+    assert checks["readable runtime"].endswith("is the recorded copy, root-owned, mode 755")
 
 
 def test_a_sweep_removes_expired_containers_of_every_runtime_alike(

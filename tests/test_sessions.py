@@ -107,7 +107,7 @@ async def test_container_settings_match_the_hardening_snapshot(
             "/tmp": f"rw,noexec,nosuid,nodev,size={64 * MiB},nr_inodes=8192,mode=0700,uid={uid},gid={uid}",
             "/dev/pts": "ro,noexec,nosuid,nodev,size=4096,mode=0755",  # no devpts: ptys are a host-wide pool
             "/dev/mqueue": "ro,noexec,nosuid,nodev,size=4096,mode=0755",  # no mqueue filesystem
-            "/opt/gvisor": "ro,noexec,nosuid,nodev,size=4096,mode=0755",  # no readable binary: gVisor's alone
+            "/usr/local/gvisor": "ro,noexec,nosuid,nodev,size=4096,mode=0755",  # no readable binary: gVisor's alone
         },
         "LogConfig": {"Type": "none", "Config": {}},
         "AutoRemove": True,

@@ -29,8 +29,10 @@ INITIALIZE: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
 class RawClient:
     """``code-sandbox serve`` spoken to line by line, so that every byte it writes to stdout is seen."""
 
-    def __init__(self, tmp_path: Path, *, verbose: bool = False) -> None:
-        env = command_env(audit_log=str(tmp_path / "audit.jsonl"), warm_pool="0")
+    def __init__(self, tmp_path: Path, *, verbose: bool = False, runtime: str | None = None) -> None:
+        env = command_env(
+            audit_log=str(tmp_path / "audit.jsonl"), warm_pool="0", **({"runtime": runtime} if runtime else {})
+        )
         env["XDG_STATE_HOME"] = str(tmp_path / "xdg-state")
         argv = [CLI, "serve", *(["-v"] if verbose else [])]
         self.process = subprocess.Popen(

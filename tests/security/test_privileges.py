@@ -104,7 +104,7 @@ console.log(JSON.stringify({ env: process.env, sockets }));
     assert outcome["sockets"] == []
     fixed = {"PATH": "/usr/local/bin", "HOME": "/workspace", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
     if shared.gvisor:  # the readable runtime first on PATH, and the helpers told that no seal can hold
-        fixed |= {"PATH": "/opt/gvisor:/usr/local/bin", "CODE_SANDBOX_SEAL": "optional"}
+        fixed |= {"PATH": "/usr/local/gvisor:/usr/local/bin", "CODE_SANDBOX_SEAL": "optional"}
         fixed |= {"HOSTNAME": "sandbox"}  # runsc sets it for every process, as the container's hostname
     assert outcome["env"] == fixed
 

@@ -92,8 +92,8 @@ UNANSWERED = [
 class WireClient(RawClient):
     """:class:`RawClient` that sends bytes as they are and keeps every line it receives as bytes, too."""
 
-    def __init__(self, tmp_path: Path, *, verbose: bool = False) -> None:
-        super().__init__(tmp_path, verbose=verbose)
+    def __init__(self, tmp_path: Path, *, verbose: bool = False, runtime: str | None = None) -> None:
+        super().__init__(tmp_path, verbose=verbose, runtime=runtime)
         self.seen: list[bytes] = []
 
     def send_raw(self, line: bytes) -> None:
@@ -125,8 +125,8 @@ def connect(tmp_path: Path) -> Iterator[Callable[..., WireClient]]:
     """Start servers for a test; any still running at its end (it failed) get SIGTERM, and SIGKILL if need be."""
     started: list[WireClient] = []
 
-    def start(*, verbose: bool = False) -> WireClient:
-        started.append(WireClient(tmp_path, verbose=verbose))
+    def start(*, verbose: bool = False, runtime: str | None = None) -> WireClient:
+        started.append(WireClient(tmp_path, verbose=verbose, runtime=runtime))
         return started[-1]
 
     yield start

@@ -52,13 +52,14 @@ UNSEALED_ENVIRONMENT: Mapping[str, str] = {"CODE_SANDBOX_SEAL": "optional"}
 non-dumpable one: it tells the helpers to run although the seal (:mod:`code_sandbox.image.seal`) cannot hold (the
 engine-only trust model believes nothing of the sandbox uid anyway). Helpers never pass it to user code."""
 
-READABLE_RUNTIME_DIR = "/opt/gvisor"
+READABLE_RUNTIME_DIR = "/usr/local/gvisor"
 """Where every image also holds its runtime binary and its ELF interpreter readable (mode 0755): gVisor executes only a
 binary it can read (google/gvisor#160), so under gVisor every process runs that copy, whose interpreter path names
 :data:`READABLE_LOADER`. Under runc (and Podman) an empty read-only tmpfs lies over this directory
 (:func:`sealed_dirs`): a process that execs a readable binary is dumpable, and its parent (user code, same uid) could
 write native code into it through ``/proc/<pid>/mem``. The path is short so that it fits in the interpreter field of
-the runtime's ELF header in place of the original one."""
+the runtime's ELF header in place of the original one, and a sibling of ``lib`` under ``/usr/local``, where a runtime
+that finds its library by its own location (Python's ``lib/python3.x``) looks."""
 READABLE_LOADER = f"{READABLE_RUNTIME_DIR}/ld.so"
 """The readable copy of the runtime's ELF interpreter, which the readable runtime names as its own."""
 

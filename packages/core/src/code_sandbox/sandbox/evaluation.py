@@ -17,6 +17,7 @@ from code_sandbox.channel.guard import Channel
 from code_sandbox.channel.protocol import EvaluateAnswer, EvaluateRequest, ProtocolViolation, Refusal
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import OUTPUT_CAP_BYTES
+from code_sandbox.sandbox.answer_text import readable_output
 from code_sandbox.sandbox.provisioner import run_sync
 from code_sandbox.sandbox.relay import OutputSink, Progress
 from code_sandbox.sandbox.results import Evaluation, ThrownErrorOutput
@@ -101,13 +102,15 @@ async def _result(channel: Channel, answer: EvaluateAnswer | Refusal) -> Evaluat
     if answer.cleanup != "ok":
         raise await channel.fail_closed(cleanup_failed())
     error = answer.error
+    shown_stdout, stdout_cut = readable_output(stdout)
+    shown_stderr, stderr_cut = readable_output(stderr)
     return Evaluation(
         value=answer.value,
         error=None if error is None else ThrownErrorOutput(name=error.name, message=error.message, stack=error.stack),
-        stdout=stdout.decode("utf-8", "replace"),
-        stderr=stderr.decode("utf-8", "replace"),
-        stdout_truncated=answer.stdout_truncated,
-        stderr_truncated=answer.stderr_truncated,
+        stdout=shown_stdout,
+        stderr=shown_stderr,
+        stdout_truncated=answer.stdout_truncated or stdout_cut,
+        stderr_truncated=answer.stderr_truncated or stderr_cut,
         context_reset=answer.context_reset,
         context_ended=answer.context_ended,
         timed_out=answer.context_ended == "timed_out",

@@ -26,6 +26,7 @@ from code_sandbox.channel.protocol import (
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import MAX_ARGUMENT_BYTES, MAX_ARGUMENTS, OUTPUT_CAP_BYTES
 from code_sandbox.paths import validate_entrypoint
+from code_sandbox.sandbox.answer_text import readable_output
 from code_sandbox.sandbox.relay import OutputSink, Progress
 from code_sandbox.sandbox.results import RunResult, TerminationReason
 from code_sandbox.sandbox.sessions import SessionManager
@@ -190,17 +191,19 @@ async def _result(channel: Channel, request: RunRequest, answer: RunAnswer | Ref
         reason = "signaled"
     else:
         reason = "exited"
+    shown_stdout, stdout_cut = readable_output(stdout)
+    shown_stderr, stderr_cut = readable_output(stderr)
     return RunResult(
         exit_code=answer.exit_code,
         signal=answer.signal or None,
         timed_out=timed_out,
         oom_killed=answer.oom_killed,
-        stdout=stdout.decode("utf-8", "replace"),
-        stderr=stderr.decode("utf-8", "replace"),
+        stdout=shown_stdout,
+        stderr=shown_stderr,
         stdout_raw=stdout,
         stderr_raw=stderr,
-        stdout_truncated=answer.stdout_truncated,
-        stderr_truncated=answer.stderr_truncated,
+        stdout_truncated=answer.stdout_truncated or stdout_cut,
+        stderr_truncated=answer.stderr_truncated or stderr_cut,
         termination_reason=reason,
         duration_ms=answer.duration_ms,
         output_bytes=answer.stdout_bytes + answer.stderr_bytes,

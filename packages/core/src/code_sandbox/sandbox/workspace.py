@@ -46,6 +46,7 @@ from code_sandbox.limits import (
     WORKSPACE_BYTES,
 )
 from code_sandbox.paths import validate_path
+from code_sandbox.sandbox.answer_text import CONTENT_JSON_BYTES, LISTING_JSON_BYTES, json_cost, readable, within
 from code_sandbox.sandbox.pictures import whole_picture_type
 from code_sandbox.sandbox.results import ReadFileOutput
 from code_sandbox.threads import in_call_thread
@@ -177,7 +178,28 @@ async def list_files(
     )
     async with sandboxes.channel(session_id) as channel:
         answer = await call_file_helper(channel, request, ListAnswer)
-    return [ListEntry(row.path, row.type, row.size) for row in answer.entries], answer.truncated
+    entries = [ListEntry(row.path, row.type, row.size) for row in answer.entries]
+    return _listing_within_budget(entries, answer.truncated)
+
+
+_ENTRY_JSON_BYTES = len('{"path":"","type":"directory","size":9007199254740991},')
+
+
+def _listing_within_budget(entries: list[ListEntry], truncated: bool) -> tuple[list[ListEntry], bool]:
+    """The entries, if their JSON fits the listing's share of the answer (:data:`LISTING_JSON_BYTES`). Else their paths
+    as :func:`readable` shows them (a program may name files with control characters, which no tool takes in a path
+    anyway), and as many as fit."""
+    if sum(json_cost(entry.path) + _ENTRY_JSON_BYTES for entry in entries) <= LISTING_JSON_BYTES:
+        return entries, truncated
+    spent = 0
+    shown: list[ListEntry] = []
+    for entry in entries:
+        path = readable(entry.path)
+        spent += json_cost(path) + _ENTRY_JSON_BYTES
+        if spent > LISTING_JSON_BYTES:
+            return shown, True
+        shown.append(ListEntry(path, entry.type, entry.size))
+    return shown, truncated
 
 
 async def read_file(
@@ -199,7 +221,8 @@ async def read_file(
         if data is None:
             raise await channel.fail_closed(_out_of_protocol())
     picture = whole_picture_type(data if encoding == "base64" else None, truncated=answer.truncated)
-    return ReadFileOutput(content=answer.content, size=answer.size, truncated=answer.truncated, image_type=picture)
+    content, cut = (answer.content, False) if encoding == "base64" else within(answer.content, CONTENT_JSON_BYTES)
+    return ReadFileOutput(content=content, size=answer.size, truncated=answer.truncated or cut, image_type=picture)
 
 
 def _read_text(answer: ReadAnswer, max_bytes: int) -> bytes | None:

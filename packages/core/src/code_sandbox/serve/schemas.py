@@ -282,7 +282,7 @@ class Entry(Output):
 
 class ListFilesOutput(Output):
     entries: list[Entry] = Field(description="Sorted by path.")
-    truncated: bool = Field(description=f"True when the list was cut at {WORDS['list_max']} entries.")
+    truncated: bool = Field(description=f"True when the list was cut at {WORDS['list_max']} entries or 2 MiB.")
 
 
 class DeleteStatus(Output):

@@ -59,7 +59,15 @@ from code_sandbox.serve.schemas import (
     evaluate_input_model,
     run_input_models,
 )
-from code_sandbox.serve.tool_calls import Context, Counts, ToolDef, error_result, live_progress, tool_annotations
+from code_sandbox.serve.tool_calls import (
+    Context,
+    Counts,
+    ToolDef,
+    error_result,
+    live_progress,
+    result_text,
+    tool_annotations,
+)
 from code_sandbox.timeline import milestone
 
 logger = logging.getLogger(__name__)
@@ -195,15 +203,17 @@ class SandboxServer(Server[None]):
                 raise SandboxError(ErrorCode.INVALID_REQUEST, "no tool of that name; call tools/list")
             output = await tool.call(arguments, ctx, counts)
             hashed = cast(str | None, counts.pop("session_hash", hashed))
-            blocks: list[ContentBlock] = [TextContent(type="text", text=output.model_dump_json())]
+            structured = output.model_dump(mode="json")
             if isinstance(output, ReadFileOutput) and output.image_type is not None:
                 # The picture once, as a picture: its base64 stays out of the text a model reads.
-                blocks = [
+                blocks: list[ContentBlock] = [
                     TextContent(type="text", text=output.model_dump_json(exclude={"content"})),
                     ImageContent(type="image", data=output.content, mime_type=output.image_type),
                 ]
+            else:
+                blocks = [TextContent(type="text", text=result_text(output, structured))]
             milestone("first tool call answered")
-            return CallToolResult(content=blocks, structured_content=output.model_dump(mode="json"))
+            return CallToolResult(content=blocks, structured_content=structured)
         except SandboxError as error:
             result_code = str(error.code)
             if error.engine_text is not None:  # the engine's words are for the operator's log, never the client

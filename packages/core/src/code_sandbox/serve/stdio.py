@@ -40,7 +40,7 @@ from code_sandbox.serve.handshake import (
     parse_initialize,
     parse_response,
 )
-from code_sandbox.serve.wire import PARSE_ERROR, Refusal, escape_line, judge_line, refusal_line
+from code_sandbox.serve.wire import PARSE_ERROR, Refusal, escape_text, judge_line, refusal_line
 from code_sandbox.settings import Settings
 from code_sandbox.threads import in_wire_thread
 from code_sandbox.timeline import milestone
@@ -111,9 +111,12 @@ class StdinLines:
                     yield item
 
 
+_WRITE_CHARS = 256 * 1024
+
+
 class Wire:
     """stdout for JSON-RPC: a private duplicate of fd 1, written by worker threads, one whole line at a time, each
-    line made safe for a terminal by :func:`escape_line`.
+    line made safe for a terminal by :func:`~code_sandbox.serve.wire.escape_line`.
 
     When ``initialize`` was answered early, the SDK's own answer to it is held back here and compared; when it was
     not, the SDK's answer is recorded for the next start.
@@ -165,10 +168,17 @@ class Wire:
         """Every write went out whole already."""
 
     def _write_line(self, text: str) -> None:
-        view = memoryview(escape_line(text).encode())
+        """One line, escaped and encoded a piece at a time: a line of several MiB is never copied whole again."""
+        end = len(text) - 1 if text.endswith("\n") else len(text)
         with self._writing:
-            while view:
-                view = view[os.write(self._fd, view) :]
+            for start in range(0, end, _WRITE_CHARS):
+                self._write(escape_text(text[start : min(start + _WRITE_CHARS, end)]).encode())
+            self._write(b"\n")
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
 
 
 def claim_stdio() -> tuple[int, int]:

@@ -4,8 +4,9 @@ echo, a failure as a coded tool result, and what a call reports while it runs.
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -16,6 +17,7 @@ from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 
 from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.sandbox.answer_text import json_cost
 from code_sandbox.sandbox.audit import AuditValue
 from code_sandbox.sandbox.relay import LastLine, OutputSink, Progress
 
@@ -97,6 +99,51 @@ def tool_annotations(*, read_only: bool, destructive: bool, idempotent: bool) ->
     return ToolAnnotations(
         read_only_hint=read_only, destructive_hint=destructive, idempotent_hint=idempotent, open_world_hint=False
     )
+
+
+TEXT_COPY_BYTES = 768 * 1024
+"""The most a result's text block may take on the wire when it repeats the result's JSON. A larger result carries its
+data once, in ``structuredContent``, and its text block is :func:`result_summary`: Claude Code, Codex, VS Code and
+Copilot CLI show their model ``structuredContent`` alone when a result has it, and carried twice a run at the output
+caps made a 27 MB line. With the output streams' shares (:mod:`code_sandbox.sandbox.answer_text`) an answer stays
+within its 4 MiB."""
+TAIL_CHARS = 2000
+"""How much of each long string a summary shows: its end, where a program's result and errors usually are."""
+
+
+def result_text(output: BaseModel, structured: dict[str, Any]) -> str:
+    """The text block of a successful result: its JSON, the same as ``structured``, when that is small; else a
+    summary."""
+    if sum(len(value) for value in _strings(structured)) <= TEXT_COPY_BYTES // 3:
+        text = output.model_dump_json()
+        if json_cost(text) <= TEXT_COPY_BYTES:
+            return text
+    return result_summary(structured)
+
+
+def result_summary(structured: dict[str, Any]) -> str:
+    """A large result in a few lines: each field (a long string as its length and its last :data:`TAIL_CHARS`
+    characters, a list as its length), and where the whole of it is."""
+    lines = ["The result is too large to repeat here; all of it is in structuredContent. Its fields:"]
+    for key, value in structured.items():
+        if isinstance(value, str) and len(value) > TAIL_CHARS:
+            lines.append(f"{key}: {len(value)} characters, ending with:\n{value[-TAIL_CHARS:]}")
+        elif isinstance(value, list):
+            lines.append(f"{key}: {len(cast(list[Any], value))} items")
+        else:
+            lines.append(f"{key}: {json.dumps(value, ensure_ascii=False)}")
+    return "\n".join(lines)
+
+
+def _strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in cast(dict[str, object], value).values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in cast(list[object], value):
+            yield from _strings(item)
 
 
 def error_result(error: SandboxError) -> CallToolResult:

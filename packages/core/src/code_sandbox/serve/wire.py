@@ -132,10 +132,15 @@ def escape_line(text: str) -> str:
     a character can stand only inside a JSON string, where the escape means the same, or be JSON's own whitespace
     between tokens (tab, CR, LF), where a space does. One scan when there is nothing to escape, else two and a
     translation: tens of milliseconds a megabyte at worst, whatever the text."""
-    body = text.removesuffix("\n")
-    if not body.isprintable():
-        body = body.translate({ord(char): _escape(char) for char in set(body) if not char.isprintable()})
-    return body + "\n"
+    return escape_text(text.removesuffix("\n")) + "\n"
+
+
+def escape_text(body: str) -> str:
+    """:func:`escape_line` for a piece of a line (no newline of its own): character by character, so a line may be
+    escaped in pieces."""
+    if body.isprintable():
+        return body
+    return body.translate({ord(char): _escape(char) for char in set(body) if not char.isprintable()})
 
 
 def _escape(char: str) -> str:
