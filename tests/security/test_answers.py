@@ -91,33 +91,39 @@ for (let i = 0; i < 1000; i++) fs.writeFileSync(path.join(dir, String(i).padStar
 """
 
 
-def test_a_listing_of_control_byte_names_answers_within_the_budget(
-    connect: Callable[..., WireClient], tmp_path: Path
-) -> None:
+def test_a_listing_of_control_byte_names_answers_within_the_budget(connect: Callable[..., WireClient]) -> None:
     client = connect()
     client.start()
-    client.send({"jsonrpc": "2.0", "id": "create", "method": "tools/call",
-                 "params": {"name": "create_sandbox", "arguments": {}}})  # fmt: skip
-    sid = answer(client)[1]["result"]["structuredContent"]["session_id"]
-    calls = [
-        ("write_files", {"session_id": sid, "files": [{"path": "names.js", "content": NAMES}]}),
-        ("run_javascript", {"session_id": sid, "entrypoint": "names.js"}),
-        ("list_files", {"session_id": sid}),
-        ("destroy_sandbox", {"session_id": sid}),
-    ]
-    answers: list[tuple[bytes, dict[str, Any]]] = []
-    for name, arguments in calls:
-        client.send({"jsonrpc": "2.0", "id": name, "method": "tools/call",
-                     "params": {"name": name, "arguments": arguments}})  # fmt: skip
-        answers.append(answer(client))
+    ran, (line, message) = in_a_sandbox(client, NAMES, "list_files", {})
     client.finish()
-    assert answers[1][1]["result"]["structuredContent"]["exit_code"] == 0
-    line, message = answers[2]
+    assert ran["exit_code"] == 0
     listing = message["result"]["structuredContent"]
     assert len(line) <= ANSWER_LINE_BYTES
     assert listing["truncated"] is True and 100 <= len(listing["entries"]) < 1000
     assert all(set(entry["path"]) <= {"\u2401", "\u2402", "\u2403", "\u2404", "\u2405", "\u2406", "\u2407", "\u2408",
                                       "/", *"0123456789"} for entry in listing["entries"])  # fmt: skip
+
+
+def in_a_sandbox(
+    client: WireClient, program: str, tool: str, arguments: dict[str, Any]
+) -> tuple[dict[str, Any], tuple[bytes, dict[str, Any]]]:
+    """Create a sandbox, run ``program`` in it, call ``tool`` there and destroy it: the run's structured result, and
+    the tool's answer line and message."""
+    client.send({"jsonrpc": "2.0", "id": "create", "method": "tools/call",
+                 "params": {"name": "create_sandbox", "arguments": {}}})  # fmt: skip
+    sid = answer(client)[1]["result"]["structuredContent"]["session_id"]
+    calls = [
+        ("write_files", {"session_id": sid, "files": [{"path": "make.js", "content": program}]}),
+        ("run_javascript", {"session_id": sid, "entrypoint": "make.js"}),
+        (tool, {"session_id": sid, **arguments}),
+        ("destroy_sandbox", {"session_id": sid}),
+    ]
+    answers: list[tuple[bytes, dict[str, Any]]] = []
+    for name, call_arguments in calls:
+        client.send({"jsonrpc": "2.0", "id": name, "method": "tools/call",
+                     "params": {"name": name, "arguments": call_arguments}})  # fmt: skip
+        answers.append(answer(client))
+    return answers[1][1]["result"]["structuredContent"], answers[2]
 
 
 def test_three_runs_at_the_caps_at_once_raise_the_servers_memory_by_at_most_100_mib(
@@ -152,23 +158,10 @@ def test_a_text_file_of_control_characters_is_read_exactly_as_far_as_the_budget_
     # 2 MiB of \x01 is valid UTF-8 text: read whole, its escapes were 12 MiB of JSON in structuredContent alone.
     client = connect()
     client.start()
-    client.send({"jsonrpc": "2.0", "id": "create", "method": "tools/call",
-                 "params": {"name": "create_sandbox", "arguments": {}}})  # fmt: skip
-    sid = answer(client)[1]["result"]["structuredContent"]["session_id"]
     program = "require('fs').writeFileSync('/workspace/controls.txt', Buffer.alloc(2 * 1024 * 1024, 1))"
-    calls = [
-        ("write_files", {"session_id": sid, "files": [{"path": "make.js", "content": program}]}),
-        ("run_javascript", {"session_id": sid, "entrypoint": "make.js"}),
-        ("read_file", {"session_id": sid, "path": "controls.txt", "max_bytes": 2 * MiB}),
-        ("destroy_sandbox", {"session_id": sid}),
-    ]
-    answers: list[tuple[bytes, dict[str, Any]]] = []
-    for name, arguments in calls:
-        client.send({"jsonrpc": "2.0", "id": name, "method": "tools/call",
-                     "params": {"name": name, "arguments": arguments}})  # fmt: skip
-        answers.append(answer(client))
+    ran, (line, message) = in_a_sandbox(client, program, "read_file", {"path": "controls.txt", "max_bytes": 2 * MiB})
     client.finish()
-    line, message = answers[2]
+    assert ran["exit_code"] == 0
     read = message["result"]["structuredContent"]
     assert len(line) <= ANSWER_LINE_BYTES
     assert read["size"] == 2 * MiB and read["truncated"] is True
