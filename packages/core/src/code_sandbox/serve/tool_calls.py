@@ -107,8 +107,9 @@ data once, in ``structuredContent``, and its text block is :func:`result_summary
 Copilot CLI show their model ``structuredContent`` alone when a result has it, and carried twice a run at the output
 caps made a 27 MB line. With the output streams' shares (:mod:`code_sandbox.sandbox.answer_text`) an answer stays
 within its 4 MiB."""
-TAIL_CHARS = 2000
-"""How much of each long string a summary shows: its end, where a program's result and errors usually are."""
+HEAD_CHARS, TAIL_CHARS = 4000, 12000
+"""How much of each long string a summary shows: its beginning, and more of its end, where a program's result and errors
+usually are. Gemini CLI shows its model the text block alone (and cuts one past 40,000 characters itself)."""
 
 
 def result_text(output: BaseModel, structured: dict[str, Any]) -> str:
@@ -122,12 +123,14 @@ def result_text(output: BaseModel, structured: dict[str, Any]) -> str:
 
 
 def result_summary(structured: dict[str, Any]) -> str:
-    """A large result in a few lines: each field (a long string as its length and its last :data:`TAIL_CHARS`
-    characters, a list as its length), and where the whole of it is."""
+    """A large result in a few lines: each field (a long string as its length, its beginning and its end, a list as its
+    length), and where the whole of it is."""
     lines = ["The result is too large to repeat here; all of it is in structuredContent. Its fields:"]
     for key, value in structured.items():
-        if isinstance(value, str) and len(value) > TAIL_CHARS:
-            lines.append(f"{key}: {len(value)} characters, ending with:\n{value[-TAIL_CHARS:]}")
+        if isinstance(value, str) and len(value) > HEAD_CHARS + TAIL_CHARS:
+            left_out = len(value) - HEAD_CHARS - TAIL_CHARS
+            lines.append(f"{key}: {len(value)} characters, beginning with:\n{value[:HEAD_CHARS]}\n"
+                         f"[{left_out} characters]\nand ending with:\n{value[-TAIL_CHARS:]}")  # fmt: skip
         elif isinstance(value, list):
             lines.append(f"{key}: {len(cast(list[Any], value))} items")
         else:
