@@ -31,6 +31,7 @@ from code_sandbox.seccomp import profile_text
 from code_sandbox.settings import SettingsError
 
 from tests.conftest import TEST_LABEL
+from tests.security.test_escape_hatches import DUMPABLE
 from tests.support.engines import podman_engine
 from tests.support.images import start_container, tag_image, untag_image
 from tests.support.inspect import inspect_container
@@ -117,13 +118,25 @@ def test_the_workspace_and_tmp_are_bounded_private_noexec_tmpfs_mounts_of_the_sa
         assert (mount["write"], mount["exec"]) == ("ok", "EACCES")
 
 
-def test_podmans_own_run_and_var_tmp_mounts_and_the_sealed_directories_are_read_only_and_tiny(
+def test_podmans_own_var_tmp_mount_and_the_sealed_directories_are_read_only_and_tiny(
     podman: DockerEngine, image_id: str, profile: Profile
 ) -> None:
-    _, seen = _mounts_seen(podman, image_id, profile, "/run", "/var/tmp", "/dev/pts", "/dev/mqueue")
+    _, seen = _mounts_seen(podman, image_id, profile, "/var/tmp", "/dev/pts", "/dev/mqueue")
     for mount in seen.values():
         assert {"ro", "noexec", "nosuid", "nodev"} <= set(mount["flags"])
         assert (mount["write"], mount["bytes"]) == ("EROFS", 4096)
+
+
+def test_podmans_run_where_its_init_lies_is_closed_to_the_sandbox_uid(
+    podman: DockerEngine, image_id: str, profile: Profile
+) -> None:
+    # Podman mounts its init (the host's catatonit) at /run/podman-init: the supervisor, which starts it, may pass
+    # through /run, a sandbox uid may not even look.
+    _, seen = _mounts_seen(podman, image_id, profile, "/run")
+    run = seen["/run"]
+    assert {"noexec", "nosuid", "nodev"} <= set(run["flags"]) and run["type"] == "tmpfs"
+    assert (run["uid"], run["gid"], run["mode"], run["bytes"]) == (0, 65533, 0o710, 65536)
+    assert (run["write"], run["exec"]) == ("EACCES", "EACCES")
 
 
 def test_a_sandboxs_volumes_go_with_it_however_it_ends_and_a_sweep_removes_leftovers(
@@ -136,7 +149,7 @@ def test_a_sandboxs_volumes_go_with_it_however_it_ends_and_a_sweep_removes_lefto
     crashed = DockerEngine(address=podman.address, labels=podman.labels)  # a server that dies now
     _, orphan = _create(crashed, image_id, profile, lifetime=1)
     crashed.close()
-    assert len(podman.sandbox_volumes(tag=TAG)) == 8  # /workspace and /tmp of each
+    assert len(podman.sandbox_volumes(tag=TAG)) == 12  # /workspace, /tmp and /run of each
     assert podman.remove_container(removed) is True
     other = DockerEngine(address=podman.address)
     try:
@@ -144,11 +157,11 @@ def test_a_sandboxs_volumes_go_with_it_however_it_ends_and_a_sweep_removes_lefto
     finally:
         other.close()
     _wait_until_gone(podman, by_itself, orphan)
-    assert len(podman.sandbox_volumes(tag=TAG, unused=True)) == 4
+    assert len(podman.sandbox_volumes(tag=TAG, unused=True)) == 6
     assert podman.remove_container(by_itself) is False  # gone already; its volumes go now
-    assert len(podman.sandbox_volumes(tag=TAG)) == 2
+    assert len(podman.sandbox_volumes(tag=TAG)) == 3
     sweep_managed(podman, max_lifetime=600, tag=TAG)
-    assert len(podman.sandbox_volumes(tag=TAG)) == 2  # young: it may be another server's, about to be used
+    assert len(podman.sandbox_volumes(tag=TAG)) == 3  # young: it may be another server's, about to be used
     monkeypatch.setattr(sweep, "CREATED_GRACE_SECONDS", 0)
     monkeypatch.setattr(podman, "timeout", 0)  # the grace also covers a create as slow as the engine's timeout
     sweep_managed(podman, max_lifetime=600, tag=TAG)
@@ -396,3 +409,21 @@ def test_the_image_built_on_podman_passes_verification(podman: DockerEngine, pro
         assert set(report.image.labels) - set(profile.image_spec().labels) >= {"io.buildah.version"}
     finally:
         untag_image(podman, own.image_spec().tag)
+
+
+def test_no_program_a_sandbox_can_run_on_podman_lets_it_write_a_process_memory(
+    podman: DockerEngine, image_id: str, profile: Profile
+) -> None:
+    # Podman mounts its own init (the host's catatonit, readable by all) at /run/podman-init: as Docker's init under
+    # /sbin, a sandbox must not reach it, or it runs a dumpable process whose memory user code could write.
+    uid, container_id = _create(podman, image_id, profile)
+    try:
+        result = podman.exec(
+            container_id,
+            ExecRequest(["/usr/local/bin/node", "-e", DUMPABLE], user=user_of(uid), timeout=60, max_stdout=MiB),
+        )
+    finally:
+        podman.remove_container(container_id)
+    assert result.exit_code == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["runnable"] >= 2 and (outcome["self"], outcome["opened"]) == ("EACCES", []), outcome

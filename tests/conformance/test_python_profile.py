@@ -53,6 +53,7 @@ attempt('sndbuf', lambda: unix.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 6
 attempt('inet', lambda: socket.socket(socket.AF_INET))
 attempt('netlink', lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))
 attempt('memfd_exec', lambda: os.close(os.memfd_create('x')))
+attempt('memfd_noexec', lambda: os.close(os.memfd_create('x', 8)))  # MFD_NOEXEC_SEAL: mappable as code still
 attempt('mqueue', lambda: open('/dev/mqueue/q', 'w').close())
 shared = os.open('/etc/passwd', os.O_RDONLY)  # a file of the image, which every sandbox shares
 attempt('nowait_read', lambda: os.preadv(shared, [bytearray(1)], 0, os.RWF_NOWAIT))
@@ -84,8 +85,8 @@ async def test_a_program_reaches_no_kernel_object_the_cgroup_does_not_count(sand
     eperm = 1
     assert result.stdout.strip() == str({
         "attach_filter": eperm, "sndbuf": "ok", "inet": eperm, "netlink": eperm, "memfd_exec": eperm,
-        "mqueue": 30, "nowait_read": eperm, "dontneed": eperm, "plain_read": "ok", "user_xattr": errno.ENOTSUP,
-        "acl": errno.ENOTSUP, "record_lock": errno.ENOLCK, "flock": errno.ENOLCK,
+        "memfd_noexec": eperm, "mqueue": 30, "nowait_read": eperm, "dontneed": eperm, "plain_read": "ok",
+        "user_xattr": errno.ENOTSUP, "acl": errno.ENOTSUP, "record_lock": errno.ENOLCK, "flock": errno.ENOLCK,
     })  # fmt: skip
 
 

@@ -107,13 +107,14 @@ def test_an_int_argument_is_judged_by_the_bits_the_kernel_reads(native: NativeSa
         call("prctl", UPPER | 22, 2, BUFFER),  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         call("fadvise64", 4, 0, 0, UPPER | 4),  # POSIX_FADV_DONTNEED
         call("fcntl", 4, UPPER | F_SETLK, LOCK),
+        call("memfd_create", FILE, 8),  # MFD_NOEXEC_SEAL: still mappable as code, and loadable through /proc/self/fd
         call("setsockopt", 3, 1, 7, BUFFER, 4),  # SO_SNDBUF: allowed
         call("fadvise64", 4, 0, 0, 0),  # POSIX_FADV_NORMAL: allowed
     ])  # fmt: skip
     eperm, enolck = -errno.EPERM, -errno.ENOLCK
     assert answers[:2] == [3, 4]
-    assert answers[2:8] == [eperm, eperm, eperm, eperm, eperm, enolck]
-    assert answers[8] in (0, -errno.EINVAL) and answers[9] == 0
+    assert answers[2:9] == [eperm, eperm, eperm, eperm, eperm, enolck, eperm]
+    assert answers[9] in (0, -errno.EINVAL) and answers[10] == 0
 
 
 def test_no_extended_attribute_can_be_set_in_any_name_space(native: NativeSandbox) -> None:

@@ -6,8 +6,9 @@ thread, and ``tools/list``, ``ping`` and a 41st sandbox's run waited for one (24
 
 - ``calls``: a run, an evaluation or a file operation of a sandbox, for as long as its program runs. Calls on one
   sandbox take turns, so :data:`CALL_THREADS` is more than the most sandboxes a server may hold
-  (:data:`~code_sandbox.limits.MAX_SESSIONS`), and a call that finds none left is refused at once (``SERVER_BUSY``)
-  rather than left waiting: that happens only while cancelled calls' abandoned threads still linger.
+  (:data:`~code_sandbox.limits.MAX_SESSIONS`): a call in progress always finds one, and one that found none would be
+  refused (``SERVER_BUSY``) rather than left waiting. A cancelled call gives its place back at once (anyio's way with
+  an abandoned thread); its thread ends once the cancel's kill-all has ended the program it waited for.
 - ``engine``: a single engine request (create, start, signal, remove, inspect, a survey, a kill). Each is bounded by
   the engine's own timeout, so a request waits its turn; runs never hold these threads.
 - ``wire``: writing a JSON-RPC line to the client, which must never wait behind either of the others.

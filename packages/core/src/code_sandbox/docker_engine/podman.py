@@ -55,7 +55,7 @@ sandbox's, so it is high; the PID limit bounds each sandbox."""
 PODMAN_LOST_OUTPUT_RETRIES = 2
 """How often a repeatable exec whose output Podman lost runs again (measured on Podman 4.3.1 under load: 6 of 60 short
 runtime-version execs came back with exit 0 and no output)."""
-_OWN_TMPFS = ("/run", "/var/tmp")  # noqa: S108 - inside the container
+_OWN_TMPFS = ("/var/tmp",)  # noqa: S108 - inside the container; /run is a volume (volumes.RUN_DIR)
 _SEALED_TMPFS = SEALED_TMPFS + ",notmpcopyup"
 
 

@@ -14,7 +14,7 @@ from code_sandbox.docker_engine.answers import ContainerMounts, VolumeAnswer, Vo
 from code_sandbox.docker_engine.failures import APIError, NotFound, translate
 from code_sandbox.docker_engine.sdk import Client
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import LABEL_MANAGED, LABEL_TAG, ContainerRequest
+from code_sandbox.hardening import LABEL_MANAGED, LABEL_TAG, SUPERVISOR_UID, ContainerRequest
 
 _VOLUME_NAME = re.compile(r"code-sandbox-[0-9a-f]{32}")
 _PAGE_BYTES = 4096
@@ -61,8 +61,17 @@ class TmpfsVolume:
         return f"{self.name}:{self.path}:{self.flags}"
 
 
+RUN_DIR = "/run"
+RUN_OPTIONS = f"rw,noexec,nosuid,nodev,size=65536,nr_inodes=64,mode=0710,uid=0,gid={SUPERVISOR_UID}"
+"""Podman's ``/run``, where it mounts its init (``/run/podman-init``, the host's catatonit, readable by all) and its
+``.containerenv``: root's, group the supervisor's, mode 0710, so that the supervisor can start the init and no sandbox
+uid can reach it (a process that runs a binary it can read is dumpable, and its parent could write native code into
+it). A volume, since Podman's tmpfs mounts take no group."""
+
+
 def tmpfs_volumes(request: ContainerRequest) -> list[TmpfsVolume]:
-    return [TmpfsVolume.of(path, options) for path, options in request.hardening.tmpfs(request.uid).items()]
+    mounts = {**request.hardening.tmpfs(request.uid), RUN_DIR: RUN_OPTIONS}
+    return [TmpfsVolume.of(path, options) for path, options in mounts.items()]
 
 
 class PodmanVolumes:

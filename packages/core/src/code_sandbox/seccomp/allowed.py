@@ -1,5 +1,5 @@
 """The system calls every sandbox may make, in named groups, each with its reason, and the argument filters that
-narrow some of them (sockets for AF_UNIX only, clone without namespaces, memfd without exec); the kernel's constants
+narrow some of them (sockets for AF_UNIX only, clone without namespaces, fcntl without locks); the kernel's constants
 those filters compare with are here too. :mod:`code_sandbox.seccomp` builds the profile from them."""
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ CLONE_NEWNET = 0x4000_0000
 CLONE_NAMESPACE_FLAGS = (
     CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 )
-
-# memfd_create(2) flags (include/uapi/linux/memfd.h, Linux 6.3+).
-MFD_NOEXEC_SEAL = 0x0008
-MFD_EXEC = 0x0010
 
 # fcntl(2) commands that take a record lock, a lease or a directory notification (include/uapi/asm-generic/fcntl.h,
 # include/uapi/linux/fcntl.h).
@@ -101,17 +97,6 @@ ALLOWED: tuple[Group, ...] = (
         "V8 can use protection keys (x86 PKU) to write-protect JIT code between compilations; a key only changes "
         "the caller's own page permissions.",
         syscall_names("pkey_alloc pkey_free pkey_mprotect"),
-    ),
-    Group(
-        "memfd-noexec-only",
-        "memfd_create is allowed only with MFD_NOEXEC_SEAL (and without MFD_EXEC): an executable memfd would let a "
-        "program write an ELF file into memory and execve or dlopen it through /proc/self/fd, around the noexec "
-        "mounts of /workspace and /tmp. The memory is shmem, charged to the memory cgroup. Other flags fail with "
-        "EPERM (Python's os.memfd_create(name) with default flags among them).",
-        ("memfd_create",),
-        args=(
-            {"index": 1, "value": MFD_NOEXEC_SEAL | MFD_EXEC, "valueTwo": MFD_NOEXEC_SEAL, "op": "SCMP_CMP_MASKED_EQ"},
-        ),
     ),
     Group(
         "file-io",

@@ -144,6 +144,14 @@ REFUSED_EPERM: tuple[Group, ...] = (
         syscall_names("shmget shmat shmdt shmctl semget semop semtimedop semctl msgget msgsnd msgrcv msgctl"),
     ),
     Group(
+        "memfd",
+        "memfd_create: a memfd is writable memory that may be mapped executable whatever its seals (MFD_NOEXEC_SEAL "
+        "stops execve alone): a program writes a shared object into one and loads it through /proc/self/fd "
+        "(LD_PRELOAD of a runtime it starts), which is native code in a runtime that has none (the Python example "
+        "profile without ctypes), around the noexec mounts of /workspace and /tmp. Nothing in a sandbox needs one.",
+        ("memfd_create",),
+    ),
+    Group(
         "userfaultfd",
         "userfaultfd lets a program stall kernel code that touches its memory, the standard tool for widening "
         "kernel race windows in exploits.",
