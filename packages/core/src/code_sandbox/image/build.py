@@ -1,9 +1,9 @@
 """The offline image build: a ``FROM scratch`` context written in memory, with the profile's runtime binary and its ELF
 interpreter (root-owned and unreadable, mode 0711, and readable copies that gVisor runs), the seal
 (:mod:`code_sandbox.image.seal`), the profile's files (helpers, any library tree; root-owned, 0444), the shared
-libraries these need, an operator's package
-set if one is given (root-owned, read-only), ``/etc/passwd`` and ``/etc/group`` with the supervisor user, and empty
-mount points; the runtime's digest and a manifest of every entry go into labels (:mod:`.layout`)."""
+libraries these need, an operator's package set if one is given (root-owned, read-only), ``/etc/passwd`` and
+``/etc/group`` with the supervisor user, and empty mount points; the runtime's digests and a manifest of every entry go
+into labels (:mod:`.layout`)."""
 
 from __future__ import annotations
 

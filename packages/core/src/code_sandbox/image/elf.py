@@ -7,7 +7,7 @@ and resolves those names against the build host's library directories.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,17 +58,10 @@ def _parse(data: bytes) -> ElfInfo:
     e_machine = struct.unpack_from("<H", data, 18)[0]
     if e_machine not in _MACHINES:
         raise _not_linux_executable()
-    e_phoff, e_phentsize, e_phnum = (
-        struct.unpack_from("<Q", data, 32)[0],
-        *struct.unpack_from("<HH", data, 54),
-    )
     loads: list[tuple[int, int, int]] = []
     interpreter: str | None = None
     dynamic: tuple[int, int] | None = None
-    for index in range(e_phnum):
-        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
-            "<IIQQQQ", data, e_phoff + index * e_phentsize
-        )
+    for p_type, p_offset, p_vaddr, p_filesz in _program_headers(data):
         if p_type == _PT_LOAD:
             loads.append((p_vaddr, p_offset, p_filesz))
         elif p_type == _PT_INTERP:
@@ -98,6 +91,17 @@ def _parse(data: bytes) -> ElfInfo:
     return ElfInfo(machine=_MACHINES[e_machine], interpreter=interpreter, needed=tuple(needed))
 
 
+def _program_headers(data: bytes) -> Iterator[tuple[int, int, int, int]]:
+    """Each program header of a 64-bit little-endian ELF file: its type, file offset, virtual address and file size."""
+    e_phoff = struct.unpack_from("<Q", data, 32)[0]
+    e_phentsize, e_phnum = struct.unpack_from("<HH", data, 54)
+    for index in range(e_phnum):
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+            "<IIQQQQ", data, e_phoff + index * e_phentsize
+        )
+        yield p_type, p_offset, p_vaddr, p_filesz
+
+
 def with_interpreter(data: bytes, interpreter: str) -> bytes:
     """``data``, an ELF executable, naming ``interpreter`` as its program interpreter instead of its own.
 
@@ -106,12 +110,7 @@ def with_interpreter(data: bytes, interpreter: str) -> bytes:
 
     :raises ValueError: ``data`` has no interpreter, or ``interpreter`` is longer than the one it has.
     """
-    e_phoff = struct.unpack_from("<Q", data, 32)[0]
-    e_phentsize, e_phnum = struct.unpack_from("<HH", data, 54)
-    for index in range(e_phnum):
-        p_type, _flags, p_offset, _vaddr, _paddr, p_filesz = struct.unpack_from(
-            "<IIQQQQ", data, e_phoff + index * e_phentsize
-        )
+    for p_type, p_offset, _vaddr, p_filesz in _program_headers(data):
         if p_type != _PT_INTERP:
             continue
         encoded = interpreter.encode()

@@ -24,7 +24,7 @@ from typing import NotRequired, TypedDict
 
 from code_sandbox.seccomp.allowed import AF_UNIX, ALLOWED, CLONE_NAMESPACE_FLAGS
 from code_sandbox.seccomp.group import ArgCondition, Group, syscall_names
-from code_sandbox.seccomp.refused import REFUSED_ENOLCK, REFUSED_ENOSYS, REFUSED_ENOTSUP, REFUSED_EPERM
+from code_sandbox.seccomp.refused import REFUSED_ENOLCK, REFUSED_ENOSYS, REFUSED_ENOTSUP, REFUSED_EPERM, REFUSED_NAMED
 
 __all__ = [
     "AF_UNIX",
@@ -35,6 +35,7 @@ __all__ = [
     "REFUSED_ENOSYS",
     "REFUSED_ENOTSUP",
     "REFUSED_EPERM",
+    "REFUSED_NAMED",
     "X86_64_ONLY",
     "ArgCondition",
     "Group",
@@ -94,7 +95,7 @@ def build_profile(architecture: str) -> SeccompProfile:
     if architecture not in ARCHES:
         raise ValueError(f"no seccomp profile for architecture {architecture!r}")
     rules: list[SyscallRule] = []
-    for group in (*ALLOWED, *REFUSED_ENOSYS, *REFUSED_ENOTSUP, *REFUSED_ENOLCK):
+    for group in (*ALLOWED, *REFUSED_NAMED):
         names = _arch_names(group.names, architecture)
         if not names:
             continue
@@ -124,7 +125,7 @@ def check_consistency() -> list[str]:
     unclear. Rules with argument filters may share a name: each covers the argument values it names."""
     allowed = {name for group in ALLOWED if group.condition_sets() == ((),) for name in group.names}
     problems: list[str] = []
-    for group in (*REFUSED_ENOSYS, *REFUSED_ENOTSUP, *REFUSED_ENOLCK, *REFUSED_EPERM):
+    for group in (*REFUSED_NAMED, *REFUSED_EPERM):
         if group.condition_sets() != ((),):
             continue
         for name in group.names:

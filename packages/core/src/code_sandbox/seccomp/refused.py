@@ -87,6 +87,9 @@ REFUSED_ENOLCK: tuple[Group, ...] = (
     ),
 )
 
+REFUSED_NAMED: tuple[Group, ...] = (*REFUSED_ENOSYS, *REFUSED_ENOTSUP, *REFUSED_ENOLCK)
+"""The refused groups the profile names, each with its errno; the rest fall to the default action."""
+
 # Refused with the default EPERM. They are not emitted (the default action covers them); the list documents the
 # decision and lets a test check that no allowed group names one of them.
 REFUSED_EPERM: tuple[Group, ...] = (
