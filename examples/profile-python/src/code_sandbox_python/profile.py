@@ -58,7 +58,8 @@ The program runs as `python3 -B /workspace/<entrypoint> <arguments...>` with cwd
 it import), no shell, no network (sockets and DNS fail), the standard library only without ctypes (no pip, no \
 packages), \
 {memory} of memory, {cpus} and {processes} processes. Files it writes under /workspace persist for later calls; \
-/tmp is scratch space. Only one run per sandbox at a time.
+/tmp holds {scratch} more, in memory, until the sandbox ends (no file tool sees it). Only one run per sandbox at \
+a time.
 
 Returns exit_code, signal, timed_out, oom_killed, stdout and stderr ({output_cap} each at most, with \
 stdout_truncated/stderr_truncated set when cut, invalid UTF-8 replaced), termination_reason and duration_ms. \

@@ -86,13 +86,18 @@ ENGINE_TEXT_LIMIT = 400
 
 
 def engine_words(text: str, limit: int = ENGINE_TEXT_LIMIT) -> str:
-    """An engine's message made safe for one line of a terminal, quoted: every character that is not printable
-    (control characters, escape sequences, line breaks, bidi and zero-width characters) is shown as its escape
-    (``\\x1b``, ``\\n``, ``\\u202e``) and a backslash or quote gets one before it, so nothing it says can move the
-    cursor or hide text; past ``limit`` characters it is cut, and ``...`` shows the cut."""
+    """An engine's message made safe for one line of a terminal: :func:`quoted`, without its surrounding blanks."""
+    return quoted(text.strip(), limit)
+
+
+def quoted(text: str, limit: int) -> str:
+    """``text`` quoted and made safe for one line of a terminal: every character that is not printable (control
+    characters, escape sequences, line breaks, bidi and zero-width characters) is shown as its escape (``\\x1b``,
+    ``\\n``, ``\\u202e``) and a backslash or quote gets one before it, so nothing it says can move the cursor or
+    hide text; past ``limit`` characters it is cut, and ``...`` shows the cut."""
     escaped: list[str] = []
     size = 0
-    for char in text.strip():
+    for char in text:
         shown = "\\" + char if char in '\\"' else escape_unprintable(char)
         if size + len(shown) > limit:
             return '"' + "".join(escaped) + '..."'

@@ -121,7 +121,7 @@ class Hardening:
     pids_limit: int = limits.PROCESSES
     nofile: int = 1024
     workspace_bytes: int = limits.WORKSPACE_BYTES
-    scratch_bytes: int = 64 * MiB
+    scratch_bytes: int = limits.SCRATCH_BYTES
     inodes: int = 8192
     sentry_tasks: int = 1024
     """Under gVisor, the host's PID limit of the container. gVisor's kernel (the sentry) runs as host threads in the

@@ -10,6 +10,7 @@ MEMORY_BYTES = 512 * MiB
 CPUS = 1
 PROCESSES = 128
 WORKSPACE_BYTES = 64 * MiB
+SCRATCH_BYTES = 64 * MiB
 """The workspace tmpfs; the file helper refuses writes past it, counting file bytes."""
 
 # What the engine's memory must back (CODE_SANDBOX_MAX_SESSIONS is refused past it).
@@ -66,6 +67,7 @@ WORDS: dict[str, str] = {
     "cpus": f"{CPUS} CPU" if CPUS == 1 else f"{CPUS} CPUs",
     "processes": str(PROCESSES),
     "workspace": size(WORKSPACE_BYTES),
+    "scratch": size(SCRATCH_BYTES),
     "file_max": size(MAX_FILE_BYTES),
     "request_max": size(MAX_REQUEST_BYTES),
     "entries": str(MAX_ENTRIES),

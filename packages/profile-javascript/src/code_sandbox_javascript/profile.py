@@ -42,34 +42,30 @@ HELPERS = HelperFiles(
 """The helpers' sources ship inside this package (``helpers/*.mjs``); the image is built from them."""
 
 RUN_TOOL_DESCRIPTION = """\
-Run a JavaScript or TypeScript file from the sandbox's workspace with Node.js 22 and return how it ended. Use it \
-after write_files, repeatedly; for one throwaway run use {execute_tool}; to explore step by step, {evaluate_tool}. \
-A run ends the sandbox's {evaluate_tool} context.
+Run a JavaScript or TypeScript file of a sandbox's workspace with Node.js 22 and return how it ended; the files \
+stay for the next run. One throwaway run: {execute_tool}; step by step: {evaluate_tool}, whose context a run ends.
 
 It runs as `node --disable-proto=throw /workspace/<entrypoint> <arguments...>` in /workspace: no network, \
-{memory} memory, {cpus}, {processes} processes; calls on one sandbox queue. Files it writes under /workspace \
-persist; /tmp is scratch. Packages: {packages}. TypeScript types are stripped, never checked: import with the .ts \
-extension; enums, namespaces and parameter properties fail.
+{memory} memory, {cpus}, {processes} processes; calls on one sandbox queue. Files written in /workspace persist; \
+/tmp holds {scratch} more, in memory, until the sandbox ends (no file tool sees it). Packages: {packages}. \
+TypeScript types are stripped, never checked: import with the .ts extension; enums, namespaces and parameter \
+properties fail.
 
 A timeout, the output cap or the memory limit ends the program with a result. A program whose processes cannot be \
-cleaned up, or that stops its supervising runner, destroys the sandbox (PROCESS_CLEANUP_FAILED, SUPERVISOR_FAILED), \
-as do symlinks, hard links or special files it leaves, at the next file call (WORKSPACE_INTEGRITY)."""
+cleaned up, or that stops its supervising runner, destroys the sandbox (PROCESS_CLEANUP_FAILED, SUPERVISOR_FAILED)."""
 
 EVALUATE_TOOL_DESCRIPTION = """\
-Evaluate JavaScript in the sandbox's persistent context, like a REPL, and return the value of its last statement. \
-Use it to explore step by step: compute something once, then ask about it in later calls. For a program kept in \
-files use {run_tool}; for one throwaway run, {execute_tool}.
+Evaluate JavaScript in a sandbox's persistent context, like a REPL, and return its last statement's value: compute \
+once, then ask about it in later calls. A program in files: {run_tool}; one throwaway run: {execute_tool}.
 
 Variables, functions, classes and globals persist between calls; top-level await works; require() and import(), \
 not static import, load workspace files (cwd /workspace) and packages. Packages: {packages}. A let or const \
-cannot be declared twice: assign to it, or pass reset=true. No network, {memory} memory for the whole sandbox, \
-{cpus}, {processes} processes.
+cannot be declared twice: assign to it, or pass reset=true. The limits are {run_tool}'s, for the whole sandbox.
 
 The context ends, and the next call starts a fresh one, on a timeout, the output cap, running out of memory, a \
 crash, reset=true or a {run_tool} call. Between calls it is paused (timers resume with the next call); processes \
-it starts die with their call, and if they cannot be stopped that destroys the sandbox (PROCESS_CLEANUP_FAILED), \
-as do links or special files left in /workspace (WORKSPACE_INTEGRITY). An error your code throws is a result, not \
-a tool error."""
+it starts die with their call, and if they cannot be stopped that destroys the sandbox (PROCESS_CLEANUP_FAILED). \
+An error your code throws is a result, not a tool error."""
 
 
 # Printed as one ProbeAnswer line (see code_sandbox.channel.protocol) from inside a hardened container, for `doctor`.

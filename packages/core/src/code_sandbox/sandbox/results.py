@@ -20,20 +20,19 @@ class Output(BaseModel):
 
 
 class RunOutput(Output):
-    exit_code: int | None = Field(description="The program's exit code; null when a signal killed it.")
-    signal: str | None = Field(description="The signal that killed the program, e.g. SIGKILL.")
-    timed_out: bool = Field(description="True when the program was killed at timeout_seconds.")
-    oom_killed: bool = Field(description="True when the memory limit killed the program.")
+    exit_code: int | None = Field(description="Null when a signal killed the program.")
+    signal: str | None = Field(description="The signal that killed it, e.g. SIGKILL.")
+    timed_out: bool = Field(description="Killed at timeout_seconds.")
+    oom_killed: bool = Field(description="Killed by the memory limit.")
     stdout: str = Field(description="Standard output as UTF-8 (invalid bytes replaced).")
     stderr: str = Field(description="Standard error as UTF-8 (invalid bytes replaced).")
     stdout_truncated: bool = Field(description=f"True when stdout passed {WORDS['output_cap']}, or was cut.")
     stderr_truncated: bool = Field(description=f"True when stderr passed {WORDS['output_cap']}, or was cut.")
     termination_reason: TerminationReason = Field(description="Why the program ended.")
-    duration_ms: int = Field(description="Wall-clock run time in milliseconds.")
-    cpu_ms: int | None = Field(description="CPU time of the program and its children, in ms; null if unreadable.")
+    duration_ms: int = Field(description="Wall-clock time.")
+    cpu_ms: int | None = Field(description="CPU time of the program and its children; null if unreadable.")
     peak_memory_bytes: int | None = Field(
-        description="Peak memory above the sandbox's use before the run, in bytes (written files count); null if "
-        "unreadable."
+        description="Peak memory above the sandbox's use before the run (written files count); null if unreadable."
     )
 
 
@@ -72,8 +71,8 @@ class EvaluateOutput(Output):
     context_ended: ContextEnd | None = Field(description="Why the context ended in this call; null while it lives.")
     timed_out: bool = Field(description="context_ended is timed_out.")
     oom_killed: bool = Field(description="context_ended is oom_killed.")
-    duration_ms: int = Field(description="Wall-clock time of the call in milliseconds.")
-    cpu_ms: int | None = Field(description="CPU time of the call, in ms; null if unreadable.")
+    duration_ms: int = Field(description="Wall-clock time of the call.")
+    cpu_ms: int | None = Field(description="CPU time of the call; null if unreadable.")
     peak_memory_bytes: int | None = Field(description="Peak memory above the use before the call; null if unreadable.")
 
 

@@ -39,17 +39,15 @@ SessionId = Annotated[
     str,
     Field(
         description="From create_sandbox.",
-        pattern=SESSION_ID_PATTERN,
-        min_length=43,
-        max_length=43,
+        pattern=SESSION_ID_PATTERN,  # it bounds the length too: a schema that repeated it would cost every client
     ),
 ]
 PathInput = Annotated[
     WorkspacePath,
     Field(
         description=(
-            f"Relative to the workspace, e.g. 'data/input.txt', at most {MAX_PATH_DEPTH} levels; no '..', absolute "
-            "path, ':', leading '-' or invisible character (PATH_TRAVERSAL, INVALID_PATH)."
+            f"Relative to the workspace, e.g. 'data/in.txt'; {MAX_PATH_DEPTH} levels at most; no '..', absolute path, "
+            "':', leading '-' or invisible character."
         )
     ),
 ]
@@ -143,12 +141,13 @@ class ReadFileInput(StrictInput):
         default=DEFAULT_READ_BYTES,
         ge=1,
         le=MAX_FILE_BYTES,
-        description="Return at most this many bytes (truncated=true when cut; text is never cut mid-character).",
+        description="The most bytes returned: a longer file gives its beginning, truncated=true (text is never cut "
+        "mid-character).",
     )
     encoding: Encoding = Field(
         default="utf-8",
-        description="utf-8: text (BINARY_FILE for invalid UTF-8 or NUL bytes); base64: any bytes, in base64, and a "
-        "PNG, JPEG, GIF or WebP within max_bytes and 1 MiB also as an image.",
+        description="utf-8: text (BINARY_FILE for invalid UTF-8 or NUL bytes); base64: any bytes, and a PNG, JPEG, "
+        "GIF or WebP within max_bytes and 1 MiB also as an image.",
     )
 
 

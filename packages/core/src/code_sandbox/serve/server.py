@@ -2,8 +2,8 @@
 
 The server owns argument validation (strict models, our error codes, no echo of submitted values) by answering
 ``tools/list`` and ``tools/call`` itself; the SDK's decorated tools would quote the caller's input back. Every
-failure becomes a tool result with ``isError: true`` whose text starts with a stable code
-(:mod:`code_sandbox.serve.tool_calls`).
+failure of a tool becomes a tool result with ``isError: true`` whose text starts with a stable code
+(:mod:`code_sandbox.serve.tool_calls`); a call that names no tool gets JSON-RPC's invalid-params error.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from typing import Any, cast
 
 import anyio
 from mcp.server import Server
+from mcp.shared.exceptions import MCPError
 from mcp.types import (
+    INVALID_PARAMS,
     CallToolRequestParams,
     CallToolResult,
     ContentBlock,
@@ -71,6 +73,9 @@ from code_sandbox.serve.tool_calls import (
 from code_sandbox.timeline import milestone
 
 logger = logging.getLogger(__name__)
+
+UNKNOWN_TOOL = "UNKNOWN_TOOL"
+"""The audit log's result for a call that named no tool (the client got JSON-RPC's invalid-params error)."""
 
 
 def _files_with_counts(params: WriteFilesInput | ExecuteInput, counts: Counts) -> list[tuple[str, str | bytes]]:
@@ -124,33 +129,31 @@ class SandboxServer(Server[None]):
             default_timeout=settings.default_timeout,
             max_timeout=settings.max_timeout,
         )
-        mutating = tool_annotations(read_only=False, destructive=False, idempotent=False)
-        # User code can change the workspace, and a run or an evaluation whose cleanup cannot be proven destroys the
-        # sandbox: both tools may destroy what is there.
-        supervised = tool_annotations(read_only=False, destructive=True, idempotent=False)
+        # The hints describe effects on the user's world, which no tool has: each acts only in a disposable sandbox
+        # that the caller made (README, "Annotations"). So nothing is destructive or open-world, and a client's
+        # default approvals (Codex's asks before a destructive call) let every tool run.
+        reads = tool_annotations(read_only=True, idempotent=True)
+        changes, repeatable = tool_annotations(read_only=False, idempotent=False), tool_annotations(idempotent=True)
         tools: list[ToolDef[Any, Any]] = [
             ToolDef("create_sandbox", tool_text.CREATE_SANDBOX.format(**words), CreateSandboxInput,
-                    CreateSandboxOutput, mutating, self._create),
+                    CreateSandboxOutput, changes, self._create),
             ToolDef("write_files", tool_text.WRITE_FILES.format(**words), WriteFilesInput, WriteFilesOutput,
-                    tool_annotations(read_only=False, destructive=True, idempotent=False), self._write),
-            ToolDef("list_files", tool_text.LIST_FILES.format(**words), ListFilesInput, ListFilesOutput,
-                    tool_annotations(read_only=True, destructive=False, idempotent=True), self._list),
-            ToolDef("read_file", tool_text.READ_FILE.format(**words), ReadFileInput, ReadFileOutput,
-                    tool_annotations(read_only=True, destructive=False, idempotent=True), self._read),
+                    repeatable, self._write),
+            ToolDef("list_files", tool_text.LIST_FILES.format(**words), ListFilesInput, ListFilesOutput, reads,
+                    self._list),
+            ToolDef("read_file", tool_text.READ_FILE.format(**words), ReadFileInput, ReadFileOutput, reads, self._read),
             ToolDef("delete_files", tool_text.DELETE_FILES.format(**words), DeleteFilesInput, DeleteFilesOutput,
-                    tool_annotations(read_only=False, destructive=True, idempotent=True), self._delete),
-            ToolDef(info.run_tool_name, "", run_model, RunOutput, supervised, self._run),
+                    repeatable, self._delete),
+            ToolDef(info.run_tool_name, "", run_model, RunOutput, changes, self._run),
             ToolDef("destroy_sandbox", tool_text.DESTROY_SANDBOX.format(**words), SessionInput, DestroyOutput,
-                    tool_annotations(read_only=False, destructive=True, idempotent=True), self._destroy),
-            ToolDef(self.execute_tool_name, "", execute_model, RunOutput, mutating, self._execute),
+                    repeatable, self._destroy),
+            ToolDef(self.execute_tool_name, "", execute_model, RunOutput, changes, self._execute),
         ]  # fmt: skip
         if info.evaluate_tool_name is not None:
             evaluate_model = evaluate_input_model(
                 default_timeout=settings.default_timeout, max_timeout=settings.max_timeout
             )
-            tools.append(
-                ToolDef(info.evaluate_tool_name, "", evaluate_model, EvaluateOutput, supervised, self._evaluate)
-            )
+            tools.append(ToolDef(info.evaluate_tool_name, "", evaluate_model, EvaluateOutput, changes, self._evaluate))
         self.tool_defs = {tool.name: tool for tool in tools}
         self._described: tuple[str, ...] = ()
         """The package list the run tools' descriptions name now."""
@@ -197,10 +200,11 @@ class SandboxServer(Server[None]):
         raw_session = arguments.get("session_id")
         hashed = session_hash(raw_session) if isinstance(raw_session, str) else None
         tool = self.tool_defs.get(name)
+        if tool is None:  # a protocol error, as the specification has it: the call names no tool there is
+            self.audit.record(tool="<unknown>", session_hash=hashed, result=UNKNOWN_TOOL, duration_ms=0, counts={})
+            raise MCPError(INVALID_PARAMS, "no tool of that name; call tools/list")
         result_code = "OK"
         try:
-            if tool is None:
-                raise SandboxError(ErrorCode.INVALID_REQUEST, "no tool of that name; call tools/list")
             output = await tool.call(arguments, ctx, counts)
             hashed = cast(str | None, counts.pop("session_hash", hashed))
             structured = output.model_dump(mode="json")
@@ -217,19 +221,18 @@ class SandboxServer(Server[None]):
         except SandboxError as error:
             result_code = str(error.code)
             if error.engine_text is not None:  # the engine's words are for the operator's log, never the client
-                logger.warning("tool %s failed: %s: %s", tool.name if tool else "<unknown>", error.code,
-                               error.for_operator())  # fmt: skip
+                logger.warning("tool %s failed: %s: %s", tool.name, error.code, error.for_operator())
             return error_result(error)
         except anyio.get_cancelled_exc_class():
             result_code = "CANCELLED"
             raise
         except Exception:
-            logger.exception("tool %s failed unexpectedly", name if tool else "<unknown>")
+            logger.exception("tool %s failed unexpectedly", tool.name)
             result_code = str(ErrorCode.INTERNAL_ERROR)
             return error_result(SandboxError(ErrorCode.INTERNAL_ERROR, "an internal error occurred"))
         finally:
             self.audit.record(
-                tool=tool.name if tool else "<unknown>",
+                tool=tool.name,
                 session_hash=hashed,
                 result=result_code,
                 duration_ms=int((time.monotonic() - started) * 1000),

@@ -16,7 +16,7 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 
-from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.errors import ErrorCode, SandboxError, quoted
 from code_sandbox.sandbox.answer_text import json_cost
 from code_sandbox.sandbox.audit import AuditValue
 from code_sandbox.sandbox.relay import LastLine, OutputSink, Progress
@@ -44,11 +44,12 @@ class ToolDef(Generic[In, Out]):
             name=self.name,
             description=self.description,
             input_schema=compact_schema(self.input_model.model_json_schema()),
-            output_schema=compact_schema(self.output_model.model_json_schema()),
+            output_schema=compact_schema(self.output_model.model_json_schema(), open_objects=True),
             annotations=self.annotations,
         )
 
     async def call(self, arguments: dict[str, Any], context: Context, counts: Counts) -> Out:
+        arguments = {key: value for key, value in arguments.items() if key not in CLIENT_ARGUMENTS}
         try:
             params = self.input_model.model_validate(arguments)
         except ValidationError as exc:
@@ -56,48 +57,40 @@ class ToolDef(Generic[In, Out]):
         return await self.handler(params, context, counts)
 
 
+CLIENT_ARGUMENTS = frozenset({"wait_for_previous"})
+"""Arguments a client adds to every tool it declares to its model, for its own use, and may pass on: Gemini CLI's
+``wait_for_previous`` (its model asks to run the call after the ones before it). A call never fails for one; its
+value is ignored (the server already answers each session's calls in turn)."""
+
 _NAMED = frozenset({"properties", "$defs", "patternProperties"})
 """Schema keywords whose value maps names to schemas: a key there is a name, never a keyword."""
-_NULL: dict[str, Any] = {"type": "null"}
 
 
-def compact_schema(piece: Any, *, names: bool = False) -> Any:
+def compact_schema(piece: Any, *, open_objects: bool = False, names: bool = False) -> Any:
     """A model's JSON schema as ``tools/list`` carries it, every client paying for each character: without the titles
-    pydantic generates from names (the name says as much), and with a nullable field of one simple type as a type list
-    (``{"type": ["integer", "null"]}``) rather than an ``anyOf`` with null. Every bound stays as it was."""
+    pydantic generates from names (the name says as much). Every bound stays as it was, and a nullable field stays an
+    ``anyOf`` of single types: a type list (``["integer", "null"]``) is shorter, but strict validators warn of it, and
+    a client that maps schemas onto a one-type dialect (Gemini's function declarations) may drop or refuse it.
+
+    ``open_objects``: for an output schema, without ``additionalProperties: false``. A client that validates results
+    against a list it cached then keeps working when a later server adds a field; inputs stay closed."""
     if isinstance(piece, list):
-        return [compact_schema(item) for item in cast(list[Any], piece)]
+        return [compact_schema(item, open_objects=open_objects) for item in cast(list[Any], piece)]
     if not isinstance(piece, dict):
         return piece
     compact: dict[str, Any] = {}
     for key, value in cast(dict[str, Any], piece).items():
         if names:
-            compact[key] = compact_schema(value)
-        elif not (key == "title" and isinstance(value, str)):
-            compact[key] = compact_schema(value, names=key in _NAMED)
-    return compact if names else _nullable_as_type(compact)
+            compact[key] = compact_schema(value, open_objects=open_objects)
+        elif not (key == "title" and isinstance(value, str)) and not (open_objects and key == "additionalProperties"):
+            compact[key] = compact_schema(value, open_objects=open_objects, names=key in _NAMED)
+    return compact
 
 
-def _nullable_as_type(schema: dict[str, Any]) -> dict[str, Any]:
-    choices = cast(list[dict[str, Any]], schema.get("anyOf", []))
-    if len(choices) != 2 or _NULL not in choices:
-        return schema
-    other = next(choice for choice in choices if choice != _NULL)
-    kind = other.get("type")
-    if not isinstance(kind, str) or set(other) & (set(schema) - {"anyOf"}):
-        return schema  # a reference, a union of its own, or keywords on both levels: left as it is
-    merged: dict[str, Any] = {**other, "type": [kind, "null"]}
-    if "const" in merged:
-        merged["enum"] = [merged.pop("const")]
-    if "enum" in merged:
-        merged["enum"] = [*cast(list[Any], merged["enum"]), None]  # null must pass the enum too
-    rest = {key: value for key, value in schema.items() if key != "anyOf"}
-    return {**merged, **rest}
-
-
-def tool_annotations(*, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
+def tool_annotations(*, read_only: bool = False, idempotent: bool) -> ToolAnnotations:
+    """A tool's hints. Never destructive, never open-world: every effect stays in a disposable, offline sandbox."""
     return ToolAnnotations(
-        read_only_hint=read_only, destructive_hint=destructive, idempotent_hint=idempotent, open_world_hint=False
+        read_only_hint=read_only, destructive_hint=False, idempotent_hint=idempotent, open_world_hint=False
     )
 
 
@@ -150,26 +143,33 @@ def _strings(value: object) -> Iterator[str]:
 
 
 def error_result(error: SandboxError) -> CallToolResult:
-    return CallToolResult(
-        content=[TextContent(type="text", text=f"{error.code}: {error.message}")],
-        structured_content={"error": {"code": str(error.code), "message": error.message}},
-        is_error=True,
-    )
+    """A failure as the model sees it: one text block, ``CODE: message``, and no ``structuredContent``. Every client
+    shows its model the text of an error result when there is nothing structured; and the reference SDK's client
+    (``@modelcontextprotocol/sdk``, so MCP Inspector and Gemini CLI) checks ``structuredContent`` against the tool's
+    output schema even on an error, and would turn a structured error into its own "does not match the tool's output
+    schema"."""
+    return CallToolResult(content=[TextContent(type="text", text=f"{error.code}: {error.message}")], is_error=True)
 
 
 # Schema violations that have a more precise code than INVALID_REQUEST: (last field name, pydantic error type).
 _PRECISE_CODES = {("content", "string_too_long"): ErrorCode.FILE_TOO_LARGE}
 
 
+FIELD_NAME_CHARS = 64
+"""The most of an unknown field's name a refusal shows (escaped): enough for any real name, never a payload."""
+
+
 def validation_error(exc: ValidationError) -> SandboxError:
-    """Describe what is wrong by field and rule only: never the submitted value, never an unknown field's name."""
+    """Describe what is wrong by field and rule only, never a submitted value. An unknown field is named (a model that
+    misspelled one must see which), its name escaped and cut at ``FIELD_NAME_CHARS``."""
     problems: list[str] = []
     codes: set[ErrorCode] = set()
     for error in exc.errors(include_input=False, include_url=False, include_context=False):
         location = [str(part) for part in error["loc"]]
         codes.add(_PRECISE_CODES.get((location[-1] if location else "", error["type"]), ErrorCode.INVALID_REQUEST))
         if error["type"] == "extra_forbidden":
-            problems.append(f"{'.'.join(location[:-1]) or 'arguments'}: unknown field (not allowed)")
+            name = quoted(location[-1], FIELD_NAME_CHARS)
+            problems.append(f"{'.'.join(location[:-1]) or 'arguments'}: unknown field {name} (not allowed)")
         else:
             problems.append(f"{'.'.join(location) or 'arguments'}: {error['msg']}")
     more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""

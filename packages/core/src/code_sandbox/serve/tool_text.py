@@ -93,39 +93,57 @@ Errors start with a stable code (e.g. PATH_TRAVERSAL: ...). INVALID_SESSION, SES
 the sandbox was destroyed means: create a new one."""
 
 CREATE_SANDBOX = """\
-Create an empty, offline sandbox to iterate in (write files, run, fix, rerun){or_explore}. For a single run use \
-{execute_tool}, which needs no cleanup.
+Create an empty, offline sandbox that lives across calls: write files, run, fix, rerun{or_explore}. For a single \
+run, {execute_tool} needs no sandbox.
 
 One isolated container: no network, read-only system, {memory} memory, {cpus}, {processes} processes, a \
-{workspace} workspace. At most {sessions} exist at once (SESSION_LIMIT_EXCEEDED: destroy_sandbox one). Destroyed after \
-{idle}s without a call or {lifetime}s after creation."""
+{workspace} workspace. At most {sessions} exist at once (SESSION_LIMIT_EXCEEDED: destroy_sandbox one). It is \
+destroyed, with its files, after {idle}s without a call or {lifetime}s after creation."""
 
-WRITE_FILES = """\
-Write files into a sandbox's workspace (parent directories are created): text, or any bytes as base64. Use it \
-before {run_tool}, and with overwrite=true to fix a file; {execute_tool} takes its own files. Limits are checked \
-first: a refused call changes nothing."""
+INTEGRITY = "A link or special file a program left destroys the sandbox at this call (WORKSPACE_INTEGRITY)."
+"""What every file tool finds before it acts, said by each, since a model may read any one of them alone."""
 
-LIST_FILES = """\
-List the files and directories in a sandbox's workspace, including those your programs wrote. Read-only. Use \
-read_file for a file's content. recursive=false lists path's direct children and ignores max_depth."""
+WRITE_FILES = (
+    """\
+Write files into a sandbox's workspace, creating parent directories: text, or bytes as base64. Use it before \
+{run_tool}, and with overwrite=true to change a file ({execute_tool} takes its own files). Limits and paths are \
+checked first: a refusal changes nothing. A write that fails once begun (broken transfer, full workspace, a \
+program's permissions) destroys the sandbox. """
+    + INTEGRITY
+)
 
-READ_FILE = """\
-Read a file from a sandbox's workspace, e.g. output your program wrote. Read-only. Use list_files when you do \
-not know the path. A missing file is NOT_FOUND."""
+LIST_FILES = (
+    """\
+List a sandbox's workspace: every file and directory with its size, sorted by path, hidden ones and what programs \
+wrote included. Read-only. read_file gives a file's content. recursive=false lists path's direct children only \
+(max_depth ignored). Past {list_max} entries the list is cut (truncated=true). """
+    + INTEGRITY
+)
 
-DELETE_FILES = """\
-Delete files from a sandbox's workspace. Irreversible. Use it to remove stale files before a rerun; to discard \
-everything, destroy_sandbox. Directories are never deleted (not_a_file)."""
+READ_FILE = (
+    """\
+Read one file from a sandbox's workspace, e.g. output a program wrote. Read-only. list_files finds paths. A file \
+longer than max_bytes gives its beginning, truncated=true, and size says how long it is. Text that is not UTF-8 is \
+BINARY_FILE: read it with encoding base64. A directory is INVALID_PATH, a missing file NOT_FOUND. """
+    + INTEGRITY
+)
+
+DELETE_FILES = (
+    """\
+Delete files from a sandbox's workspace, e.g. stale output before a rerun; destroy_sandbox discards everything. \
+A missing file (missing) or a directory (not_a_file) is reported and left, never an error. """
+    + INTEGRITY
+)
 
 DESTROY_SANDBOX = """\
-Destroy a sandbox and every file in it. Irreversible. Call it when done iterating ({execute_tool} needs none). \
+Destroy a sandbox: its container and every file in it. Call it when done iterating ({execute_tool} needs none). \
 Safe to repeat. Unusable once this returns; if the engine cannot be reached, CONTAINER_REMOVAL_FAILED: removal is \
 retried, and it counts toward the limit until then."""
 
 EXECUTE = """\
-Run {language} once in a fresh sandbox: write the files, run the entrypoint (one of them), return the result, \
-then destroy the sandbox and every file the program wrote, whatever happened. To iterate, use create_sandbox, \
-write_files and {run_tool}{explore}.
+Run {language} once, without a sandbox of your own: the files are written to a fresh sandbox, the entrypoint runs, \
+the result returns, and the sandbox and every file are destroyed. For several runs over the same files, \
+create_sandbox, write_files, then {run_tool}{explore}.
 
-It runs as {run_tool} runs it: no network, {memory} memory, {cpus}, {processes} processes; it counts toward the \
-{sessions}-sandbox limit (SESSION_LIMIT_EXCEEDED). Packages: {packages}."""
+It runs as {run_tool} runs it, with the same limits, and counts toward the {sessions}-sandbox limit \
+(SESSION_LIMIT_EXCEEDED). Packages: {packages}."""
