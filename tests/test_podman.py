@@ -21,9 +21,9 @@ from code_sandbox.docker_engine import DockerEngine, EngineAddress, execs, strea
 from code_sandbox.docker_engine.podman import seccomp_file
 from code_sandbox.engine import ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import LABEL_MANAGED, LABEL_RUNTIME, ContainerRequest, user_of
+from code_sandbox.hardening import LABEL_MANAGED, LABEL_RUNTIME, LABEL_TAG, ContainerRequest, user_of
 from code_sandbox.image import build_offline_image, verify_image
-from code_sandbox.profile import Profile
+from code_sandbox.profile import WATCHDOG_LIFELINE, Profile
 from code_sandbox.sandbox import sweep
 from code_sandbox.sandbox.provisioner import draw_uid
 from code_sandbox.sandbox.sweep import sweep_managed
@@ -427,3 +427,23 @@ def test_no_program_a_sandbox_can_run_on_podman_lets_it_write_a_process_memory(
     assert result.exit_code == 0, result.stderr
     outcome = json.loads(result.stdout)
     assert outcome["runnable"] >= 2 and (outcome["self"], outcome["opened"]) == ("EACCES", []), outcome
+
+
+def test_on_podman_a_sandbox_ends_itself_when_its_servers_connection_goes(
+    podman: DockerEngine, image_id: str, profile: Profile
+) -> None:
+    """The lifeline (code_sandbox.docker_engine.lifelines) on Podman's API: attached before the start, its stdin
+    closed when the one client goes; what the kernel does for a server that dies is closing its engine client."""
+    server = DockerEngine(address=podman.address, labels={LABEL_TAG: TAG})
+    watchdog = [*profile.helper_argv("watchdog"), WATCHDOG_LIFELINE, "600"]
+    request = ContainerRequest(image_id, watchdog, {LABEL_MANAGED: "true"}, False, draw_uid(), lifeline=True)
+    container_id = server.create_container(request)
+    time.sleep(1)
+    facts = podman.container_facts(container_id)
+    assert facts is not None and facts.state == "running"  # held, it lives
+    server.close()
+    _wait_until_gone(podman, container_id)
+    # Its tmpfs volumes (empty: tmpfs) are named, so Podman keeps them; the next server's sweep removes them.
+    assert podman.sandbox_volumes(tag=TAG, unused=True)
+    assert podman.remove_leftover_volumes(tag=TAG, grace=0) == 0
+    assert not podman.sandbox_volumes(tag=TAG)

@@ -134,7 +134,9 @@ async def test_container_settings_match_the_hardening_snapshot(
     assert sorted(config["Env"]) == ["HOME=/workspace", "LANG=C.UTF-8", "PATH=/usr/local/bin", "TMPDIR=/tmp"]
     # The entrypoint is ours, so neither the image's entrypoint nor its command applies; no health check runs.
     assert config["Entrypoint"] == ["/usr/local/bin/node"]
-    assert config["Cmd"] == ["--disable-sigusr1", "--jitless", "/opt/sandbox/watchdog.mjs", "62"]
+    assert config["Cmd"] == ["--disable-sigusr1", "--jitless", "/opt/sandbox/watchdog.mjs", "--lifeline", "62"]
+    # Its lifeline: stdin open, attached by the server before the start, closed when that one client goes.
+    assert (config["OpenStdin"], config["StdinOnce"], config["AttachStdin"]) == (True, True, True)
     assert config["Healthcheck"] == {"Test": ["NONE"]}
     labels = config["Labels"]
     assert labels["io.code-sandbox.managed"] == "true"

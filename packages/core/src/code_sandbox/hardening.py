@@ -156,6 +156,9 @@ class ContainerRequest:
     uid: int = PROBE_UID
     """The uid that owns the tmpfs mounts and runs every exec that touches them."""
     hardening: Hardening = field(default_factory=Hardening)
+    lifeline: bool = False
+    """Whether the engine holds the container's stdin open from the moment it is created, and the container (its
+    watchdog, told so by its command) ends when that connection closes: when the server is gone, however it went."""
     image_environment: tuple[str, ...] = ()
     """The names of the variables the image's own configuration sets: each is set in the container too, empty unless
     :data:`ENVIRONMENT` gives it a value, so that even an image that slipped past verification adds nothing to a

@@ -20,6 +20,8 @@ from code_sandbox.errors import ErrorCode, SandboxError
 
 HelperKind = Literal["watchdog", "files", "runner"]
 """The three in-container helpers: the lifetime watchdog, the file helper and the runner."""
+WATCHDOG_LIFELINE = "--lifeline"
+"""The watchdog's first argument when the server holds the container's stdin: it must exit when its stdin ends."""
 
 
 @dataclass(frozen=True)

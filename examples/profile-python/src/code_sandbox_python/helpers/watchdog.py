@@ -2,8 +2,11 @@
 # until the session's hard lifetime has passed, then exits, so the container stops and Docker removes it
 # even when the host process that created it is gone.
 #
-# Usage: python3 -I -S -B /opt/sandbox/watchdog.py <lifetime_seconds> [<claimed_lifetime_seconds>]
-#        (ASCII digits, 1..86400)
+# Usage: python3 -I -S -B /opt/sandbox/watchdog.py [--lifeline] <lifetime_seconds> [<claimed_lifetime_seconds>]
+#        (lifetimes in ASCII digits, 1..86400)
+#
+# With --lifeline it also exits when its stdin reaches end-of-file: the server holds the container's stdin open
+# (the engine closes it when the server's connection goes), so a sandbox whose server is gone ends itself.
 #
 # With one argument the deadline is fixed. With two, the container waits in a warm pool: it lives
 # <lifetime_seconds> unless it is claimed, and the first SIGUSR2 (sent by the host through `docker kill`,
@@ -23,7 +26,8 @@ MAX_LIFETIME_S = 86_400
 # Short wakes notice a wall-clock jump (resume from sleep) within this interval.
 CHECK_EVERY_S = 30.0
 
-args = sys.argv[1:]
+lifeline = sys.argv[1:2] == ["--lifeline"]
+args = sys.argv[2:] if lifeline else sys.argv[1:]
 
 
 def valid(arg: str) -> bool:
@@ -103,6 +107,9 @@ def drain() -> None:
 # One wait at a time keeps the process idle; it wakes every CHECK_EVERY_S at most so that a wall-clock jump is
 # noticed within that interval. Calling drain() (a Python function) also runs any pending signal handler before
 # check() reads the deadlines.
+watched = [wake_read, 0] if lifeline else [wake_read]
 while True:
-    select.select([wake_read], [], [], check())
+    ready, _, _ = select.select(watched, [], [], check())
+    if 0 in ready and not os.read(0, 4096):  # the server never writes: end-of-file is the only news
+        os._exit(0)
     drain()

@@ -78,5 +78,7 @@ def build_create_arguments(
         "hostname": HOSTNAME,
         "network_disabled": True,
         "working_dir": WORKSPACE_DIR,
+        # A lifeline (:mod:`code_sandbox.docker_engine.lifelines`): stdin open, and closed when its one client goes.
+        "stdin_open": request.lifeline,
     }
     return create, host_config

@@ -35,6 +35,7 @@ from code_sandbox.docker_engine.failures import (
     translate,
 )
 from code_sandbox.docker_engine.images import follow_build, read_export
+from code_sandbox.docker_engine.lifelines import Lifelines
 from code_sandbox.docker_engine.sdk import Client, connect
 from code_sandbox.docker_engine.streams import HeldExec
 from code_sandbox.docker_engine.volumes import PodmanVolumes, TmpfsVolume, tmpfs_volumes
@@ -96,6 +97,7 @@ class DockerEngine:
         self._execs = Execs(self.client, self._podman, self._exec_environment)
         self._seccomp_files: dict[str, str] = {}
         """Podman: the seccomp profile's file for each architecture, once checked or written."""
+        self._lifelines = Lifelines()
 
     @classmethod
     def for_settings(cls, settings: Settings, *, timeout: int = 60) -> DockerEngine:
@@ -139,6 +141,8 @@ class DockerEngine:
         return engine_time + (time.monotonic() - monotonic_time)  # a later step of this machine's clock is no matter
 
     def close(self) -> None:
+        """Close the client, and every lifeline held: the containers made with one end themselves."""
+        self._lifelines.release_all()
         with self._lock:
             if self._api is not None:
                 self._api.close()
@@ -266,6 +270,8 @@ class DockerEngine:
                 container_id = Created.model_validate(created).Id
             if volumes:
                 self._volumes.adopt(container_id, volumes)
+            if request.lifeline:
+                self._lifelines.hold(api, container_id)
             if before_start is not None:
                 before_start(container_id)
             if start:
@@ -274,7 +280,7 @@ class DockerEngine:
         except BaseException:
             with contextlib.suppress(SandboxError):
                 if container_id is not None:
-                    self.remove_container(container_id)
+                    self.remove_container(container_id)  # its lifeline too
                 else:
                     self._volumes.remove(volume.name for volume in volumes)
             raise
@@ -307,11 +313,14 @@ class DockerEngine:
 
     def remove_container(self, container_id: str) -> bool:
         """Force-remove a container (on Podman, and its tmpfs volumes). Returns ``False`` when Docker says it is
-        already gone."""
+        already gone. Its lifeline, if this engine object holds one, is closed once it is removed."""
         if not self._podman():
-            return self._remove_container(container_id)
+            removed = self._remove_container(container_id)
+            self._lifelines.release(container_id)
+            return removed
         volumes = self._volumes.held_by(container_id)
         removed = self._remove_container(container_id)
+        self._lifelines.release(container_id)
         self._volumes.remove(volumes)
         self._volumes.forget(container_id)
         return removed

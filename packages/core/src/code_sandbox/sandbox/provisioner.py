@@ -35,7 +35,7 @@ from code_sandbox.image import VerifiedImages, verification_key, verify_image
 from code_sandbox.image.package_sets import packages_of
 from code_sandbox.limits import MEMORY_BYTES, SANDBOX_BACKING_BYTES, MiB, sessions_backed
 from code_sandbox.liveness import machine_name
-from code_sandbox.profile import Profile
+from code_sandbox.profile import WATCHDOG_LIFELINE, Profile
 from code_sandbox.settings import Settings, SettingsError, env_name
 from code_sandbox.threads import in_engine_thread
 from code_sandbox.timeline import milestone
@@ -122,6 +122,7 @@ class Provisioner:
         require_capacity(daemon, self.settings)
         session_seconds = self.settings.max_lifetime + WATCHDOG_GRACE_SECONDS
         watchdog = await run_sync(runtime_argv, self.engine, self.profile, self.profile.helper_argv("watchdog"))
+        watchdog.append(WATCHDOG_LIFELINE)  # the container ends when this server's hold on its stdin goes
         # The label is written before the create call, and the container may start as late as the engine's
         # timeout after it: the margin keeps another server's sweep from taking a live session for expired. In the
         # engine's time, which every server sharing the engine reads alike.
@@ -147,6 +148,7 @@ class Provisioner:
                 },
                 apparmor=daemon.apparmor,
                 uid=uid,
+                lifeline=True,
                 image_environment=self._image_environment[image_id],
             )
             try:

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import anyio
 from mcp.server import Server
+from mcp.server.lowlevel.server import NotificationOptions
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
@@ -28,6 +29,7 @@ from mcp.types import (
     ImageContent,
     ListToolsResult,
     PaginatedRequestParams,
+    ServerCapabilities,
     TextContent,
 )
 from pydantic import BaseModel
@@ -160,6 +162,23 @@ class SandboxServer(Server[None]):
         self._name_packages(())
 
     # -- protocol -----------------------------------------------------------------------------------------------
+
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> ServerCapabilities:
+        """The SDK's, with ``tools.listChanged``: a session whose tool list was answered from an outdated record
+        is told to list the tools again (:mod:`code_sandbox.serve.handshake`)."""
+        return super().get_capabilities(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+            protocol_version=protocol_version,
+        )
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _server: Server[None]) -> AsyncGenerator[None]:

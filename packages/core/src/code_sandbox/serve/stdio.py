@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
 import anyio
@@ -33,11 +33,13 @@ from code_sandbox.liveness import default_state_dir
 from code_sandbox.profile import Profile
 from code_sandbox.serve import tool_text
 from code_sandbox.serve.handshake import (
-    Initialize,
+    MAX_ANSWER_BYTES,
+    EarlyRequest,
+    FrontDesk,
     RecordedAnswers,
+    RequestId,
     answer_line,
     build_identity,
-    parse_initialize,
     parse_response,
 )
 from code_sandbox.serve.wire import PARSE_ERROR, Refusal, escape_text, judge_line, refusal_line
@@ -52,6 +54,8 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """The largest JSON-RPC line read from the client; 100 files of 2 MiB, escaped, fit well within it."""
 _OVERSIZED = f"over {MAX_MESSAGE_BYTES >> 20} MiB"
+PENDING_LINES = 16
+"""The client's lines read ahead of the SDK (while it loads): past them, reading waits for the SDK."""
 
 
 class StdinLines:
@@ -114,51 +118,65 @@ class StdinLines:
 _WRITE_CHARS = 256 * 1024
 
 
+LIST_CHANGED = '{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n'
+
+
 class Wire:
     """stdout for JSON-RPC: a private duplicate of fd 1, written by worker threads, one whole line at a time, each
     line made safe for a terminal by :func:`~code_sandbox.serve.wire.escape_line`.
 
-    When ``initialize`` was answered early, the SDK's own answer to it is held back here and compared; when it was
-    not, the SDK's answer is recorded for the next start.
+    A request answered early (:mod:`code_sandbox.serve.handshake`) is watched: the SDK's own answer to it is held
+    back here and compared. A request the record could not answer is watched too, and the SDK's answer recorded for
+    the next start.
     """
 
     def __init__(self, fd: int, answers: RecordedAnswers) -> None:
         self._fd = fd
         self._answers = answers
         self._writing = threading.Lock()  # the SDK's answers and refused lines' answers come from different tasks
-        self._watch: Initialize | None = None
-        self._sent: JSONObject | None = None
+        self._watched: dict[RequestId, tuple[EarlyRequest, JSONObject | None]] = {}
         self.on_disagreement: Callable[[], None] = lambda: None
         """Called when the SDK did not accept an ``initialize`` answered early: the client and the SDK now disagree
         about the session, and the connection must end."""
 
-    async def send_early(self, request: Initialize, result: JSONObject) -> None:
+    async def send_early(self, request: EarlyRequest, result: JSONObject) -> None:
         """Answer ``request`` now, before the SDK has loaded; its answer will be compared, not sent."""
-        self._watch, self._sent = request, result
+        self._watched[request.id] = (request, result)
         await in_wire_thread(self._write_line, answer_line(request.id, result).decode())
 
-    def record(self, request: Initialize) -> None:
+    def record(self, request: EarlyRequest) -> None:
         """Record the SDK's answer to ``request`` when it passes through."""
-        self._watch, self._sent = request, None
+        self._watched[request.id] = (request, None)
 
     async def write(self, text: str) -> int:
         """The SDK's stdout: called with one JSON-RPC message and its newline at a time."""
-        if self._watch is not None:
-            # The SDK's first message is its answer to the (replayed) initialize: it handles nothing before it.
-            request, sent, self._watch = self._watch, self._sent, None
-            answers, result = parse_response(text, request.id)
-            if answers and result is not None and result != sent:
-                await in_wire_thread(self._answers.put, request.protocol_version, result)
-            if sent is not None:
-                if not answers or result is None:
-                    logger.error("the SDK refused an initialize that was answered early; ending the connection")
-                    self.on_disagreement()
-                elif result != sent:
-                    logger.warning("the recorded initialize answer differed from the SDK's; recorded anew")
-                if answers:
+        if self._watched and len(text) <= MAX_ANSWER_BYTES:  # a larger message is no answer we record
+            for request, sent in list(self._watched.values()):
+                if await self._compared(text, request, sent):
                     return len(text)  # answered already
         await in_wire_thread(self._write_line, text)
         return len(text)
+
+    async def _compared(self, text: str, request: EarlyRequest, sent: JSONObject | None) -> bool:
+        """Whether ``text``, the SDK's answer to ``request`` or not, was answered early already."""
+        answers, result = parse_response(text, request)
+        if not answers:
+            return False
+        del self._watched[request.id]
+        if result is not None and result != sent:
+            await in_wire_thread(self._answers.put, request, result)
+        if sent is None:
+            return False
+        if result is None and request.method == "initialize":
+            logger.error("the SDK refused an initialize that was answered early; ending the connection")
+            self.on_disagreement()
+        elif result is None:
+            logger.warning("the SDK refused a %s that was answered early", request.method)
+        elif result != sent:
+            logger.warning("the recorded %s answer differed from the SDK's; recorded anew", request.method)
+            if request.method == "tools/list" and not request.stateless:
+                await in_wire_thread(self._write_line, LIST_CHANGED)  # the client asks again
+        return True
 
     async def refuse(self, refusal: Refusal) -> None:
         """Answer a client line that never reached the SDK."""
@@ -211,12 +229,13 @@ def _private_copy(fd: int) -> int:
 
 def run_stdio_server(settings: Settings, profile: Profile) -> None:
     """Serve MCP over stdin/stdout until stdin closes or SIGTERM/SIGINT arrives; then remove every sandbox."""
-    tool_text.run_tool_description(settings, profile)  # a profile's bad text fails before anything is said
-    tool_text.evaluate_tool_description(settings, profile)
+    run_text = tool_text.run_tool_description(settings, profile)  # a profile's bad text fails before anything is said
+    evaluate_text = tool_text.evaluate_tool_description(settings, profile)
     stdin_fd, stdout_fd = claim_stdio()
     milestone("stdio claimed")
     state_dir = default_state_dir()
-    answers = RecordedAnswers(state_dir / "initialize", build_identity(tool_text.instructions(settings, profile.info)))
+    texts = (tool_text.instructions(settings, profile.info), run_text, evaluate_text, repr(settings))
+    answers = RecordedAnswers(state_dir / "initialize", build_identity(*texts))
     wire = Wire(stdout_fd, answers)
     services: list[SandboxService] = []
 
@@ -233,25 +252,28 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
             if sys.platform != "win32":  # Windows' event loop has no signal handlers; stdin EOF still ends it
                 group.start_soon(stop_on_signal)
             wire.on_disagreement = group.cancel_scope.cancel
-            first: list[str | None] = []
-            greeted = anyio.Event()
+            to_sdk, for_sdk = anyio.create_memory_object_stream[str](PENDING_LINES)
 
-            async def greet() -> None:
-                line = await anext(lines, None)
-                first.append(line)
-                request = parse_initialize(line) if line is not None else None
-                if request is not None:
-                    recorded = await anyio.to_thread.run_sync(
-                        answers.get, request.protocol_version, abandon_on_cancel=True
-                    )
-                    if recorded is not None:
-                        await wire.send_early(request, recorded)
-                        milestone("initialize answered from the record")
-                    else:
-                        wire.record(request)
-                greeted.set()
+            async def front_desk() -> None:
+                """Pass the client's lines on to the SDK, answering from the record what it may answer."""
+                desk = FrontDesk()
+                async with to_sdk:
+                    async for line in lines:
+                        request = desk.consider(line)
+                        if request is not None:
+                            recorded = (
+                                None if request.record_only
+                                else await anyio.to_thread.run_sync(answers.get, request, abandon_on_cancel=True)
+                            )  # fmt: skip
+                            if recorded is not None:
+                                await wire.send_early(request, recorded)
+                                desk.answered(request, recorded)
+                                milestone(f"{request.method} answered from the record")
+                            else:
+                                wire.record(request)
+                        await to_sdk.send(line)
 
-            group.start_soon(greet)
+            group.start_soon(front_desk)
             sdk_loaded = anyio.Event()
 
             async def load_sdk() -> None:
@@ -267,16 +289,13 @@ def run_stdio_server(settings: Settings, profile: Profile) -> None:
             group.start_soon(load_sdk)
             async with service.running():
                 await sdk_loaded.wait()
-                await greeted.wait()
-                if first[0] is not None:
-                    from mcp.server.stdio import stdio_server  # loaded by now: no wait on this thread
+                from mcp.server.stdio import stdio_server  # loaded by now: no wait on this thread
 
-                    from code_sandbox.serve.server import SandboxServer
+                from code_sandbox.serve.server import SandboxServer
 
-                    server = SandboxServer(service)
-                    stdin = _sdk_stream(_replayed(first[0], lines))
-                    async with stdio_server(stdin=stdin, stdout=_sdk_stream(wire)) as (read, write):
-                        await server.run(read, write, server.create_initialization_options())
+                server = SandboxServer(service)
+                async with stdio_server(stdin=_sdk_stream(for_sdk), stdout=_sdk_stream(wire)) as (read, write):
+                    await server.run(read, write, server.create_initialization_options())
             group.cancel_scope.cancel()
 
     try:
@@ -316,10 +335,3 @@ def _build_service(settings: Settings, profile: Profile) -> SandboxService:
     from code_sandbox.sandbox.service import SandboxService
 
     return SandboxService(settings, profile)
-
-
-async def _replayed(first: str, rest: AsyncIterator[str]) -> AsyncGenerator[str]:
-    """The client's lines for the SDK: the first one, which was read here already, then the others."""
-    yield first
-    async for line in rest:
-        yield line

@@ -2,7 +2,12 @@
 // until the session's hard lifetime has passed, then exits, so the container stops and Docker removes it
 // even when the host process that created it is gone.
 //
-// Usage: node /opt/sandbox/watchdog.mjs <lifetime_seconds> [<claimed_lifetime_seconds>]   (ASCII digits, 1..86400)
+// Usage: node /opt/sandbox/watchdog.mjs [--lifeline] <lifetime_seconds> [<claimed_lifetime_seconds>]
+//        (lifetimes in ASCII digits, 1..86400)
+//
+// With --lifeline it also exits when its stdin reaches end-of-file: the server holds the container's stdin open
+// from before the start (the engine closes it when the server's connection goes, however the server ended), so a
+// sandbox whose server is gone ends itself at once. Nothing is ever read from it.
 //
 // With one argument the deadline is fixed. With two, the container waits in a warm pool: it lives
 // <lifetime_seconds> unless it is claimed, and the first SIGUSR2 (sent by the host through `docker kill`,
@@ -23,7 +28,9 @@ const OOM_COUNTERS = ['/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/mem
 // Short wakes also keep every delay far below setTimeout's 2^31-1 ms cap (beyond it, timers fire at once).
 const CHECK_EVERY_MS = 30_000;
 
-const args = process.argv.slice(2);
+const LIFELINE = '--lifeline';
+const lifeline = process.argv[2] === LIFELINE;
+const args = process.argv.slice(lifeline ? 3 : 2);
 const valid = (arg) => /^[0-9]{1,5}$/.test(arg) && Number(arg) >= 1 && Number(arg) <= MAX_LIFETIME_S;
 if (args.length < 1 || args.length > 2 || !args.every(valid)) {
   const refusal = { ok: false, code: 'INVALID_LIFETIME', message: 'the lifetime must be 1 to 86400 seconds' };
@@ -57,6 +64,12 @@ process.on('SIGTERM', () => process.exit(0));
 process.on('SIGINT', () => process.exit(0));
 process.on('SIGHUP', () => {});
 process.on('SIGPIPE', () => {});
+
+if (lifeline) {
+  process.stdin.on('data', () => {}); // the server never writes; anything that came would be dropped
+  process.stdin.on('end', () => process.exit(0));
+  process.stdin.on('error', () => process.exit(0));
+}
 
 // One timer at a time keeps the event loop alive and the process idle; it wakes every CHECK_EVERY_MS at most
 // so that a wall-clock jump (resume from sleep) is noticed within that interval. A claim re-arms it at once.
