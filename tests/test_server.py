@@ -55,7 +55,7 @@ from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, ImageContent, ListToolsResult, TextContent, Tool
 
 from tests.conftest import WORKER_TAG
-from tests.support import inspector
+from tests.support import clients
 from tests.support.clock import FakeClock
 from tests.support.edited_transport import EditedTransport, install
 from tests.support.forwarding_engine import ForwardingEngine
@@ -828,14 +828,9 @@ async def test_an_unreachable_daemon_at_start_gives_container_unavailable_not_a_
 
 @pytest.fixture
 def mcp_inspector() -> Path:
-    """The MCP Inspector pinned by tests/support/inspector; installed on first use, except in CI, which installs
-    it before the tests (a missing install there means .ci/run changed, not that the test should fetch it)."""
-    command = inspector.installed()
-    if command is not None:
-        return command
-    if os.environ.get("CI") == "true":
-        pytest.fail("CI=true and the pinned MCP inspector is not installed (python -m tests.support.inspector install)")
-    return inspector.install()
+    """The MCP Inspector pinned by tests/support/clients."""
+    clients.ensure_installed()
+    return clients.launcher()
 
 
 def _inspector(command: Path, tmp_path: Path, *method: str) -> dict[str, Any]:

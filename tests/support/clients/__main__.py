@@ -1,11 +1,11 @@
-"""``python -m tests.support.inspector install``: install the pinned MCP Inspector (CI runs it before the tests);
-``python -m tests.support.inspector path``: print where its launcher is."""
+"""``python -m tests.support.clients install``: install the pinned MCP clients (CI runs it before the tests);
+``python -m tests.support.clients path``: print where the inspector's launcher is."""
 
 from __future__ import annotations
 
 import sys
 
-from tests.support.inspector import install, launcher
+from tests.support.clients import install, launcher
 
 
 def main(argv: list[str]) -> int:
@@ -15,7 +15,7 @@ def main(argv: list[str]) -> int:
     if argv == ["path"]:
         sys.stdout.write(f"{launcher()}\n")
         return 0
-    sys.stderr.write("usage: python -m tests.support.inspector install | path\n")
+    sys.stderr.write("usage: python -m tests.support.clients install | path\n")
     return 2
 
 
