@@ -50,10 +50,16 @@ def _settings_env(tmp_path: Path) -> dict[str, str]:
     return {key: value for key, value in env.items() if key.startswith("CODE_SANDBOX_") or key == "XDG_STATE_HOME"}
 
 
-def _assert_seen(outputs: list[str], client: str) -> None:
-    """Each call's output, in order, shows the model what it must; no submitted value comes back."""
+UNKNOWN_FIELD = 6
+"""The step of LIFE with a misspelled field."""
+
+
+def _assert_seen(outputs: list[str], client: str, instead: dict[int, str] | None = None) -> None:
+    """Each call's output, in order, shows the model what it must (or, for the steps in ``instead``, what the client
+    itself says); no submitted value comes back."""
     assert len(outputs) == len(LIFE), (client, outputs)
-    for (tool, _arguments, shown), output in zip(LIFE, outputs, strict=True):
+    expected = [(tool, (instead or {}).get(i, shown)) for i, (tool, _arguments, shown) in enumerate(LIFE)]
+    for (tool, shown), output in zip(expected, outputs, strict=True):
         compact = output.replace('\\"', '"').replace('": ', '":').replace('":', '": ')
         assert shown in compact, (client, tool, output)
     assert SECRET not in "".join(outputs), client
@@ -204,3 +210,58 @@ def _one_session(tmp_path: Path, env: dict[str, str], version: str) -> None:
         server.stdin.close()
         assert server.wait(timeout=60) == 0
     assert "tools" in answers[1]["result"], answers[1]
+
+
+# -- Gemini CLI ----------------------------------------------------------------------------------------------------
+
+GEMINI_SETTINGS = {
+    "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "ide": {"enabled": False},
+    "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": True}},
+}
+"""The user's settings: the scripted model is reached as an API-key endpoint, and nothing else is reached (no usage
+statistics, telemetry or update check). Folder trust stays on, as it is by default."""
+
+
+def test_gemini_cli_with_the_readmes_registration_uses_every_tool_and_shows_each_code(
+    tmp_path: Path, engine: DockerEngine, installed: Path
+) -> None:
+    """Gemini CLI shows its model the text block alone, adds ``wait_for_previous`` to every tool it declares (and
+    passes it on), and runs on the reference SDK's client, which refused every error result that carried
+    structuredContent. Headless (``-p``), it offers a server's tools only to a server the run allows."""
+    home, project = tmp_path / "home", tmp_path / "project"
+    (home / ".gemini").mkdir(parents=True)
+    project.mkdir()
+    (home / ".gemini" / "settings.json").write_text(json.dumps(GEMINI_SETTINGS))
+    # README: the folder-trust step (the dialog on a first start, or this file).
+    (home / ".gemini" / "trustedFolders.json").write_text(json.dumps({str(project): "TRUST_FOLDER"}))
+    gemini = str(clients.command("gemini"))
+    steps = [Call(tool, {**arguments, "wait_for_previous": True}) for tool, arguments, _shown in LIFE]
+    with ScriptedModel(steps) as model:
+        env = {
+            "PATH": os.environ["PATH"], "HOME": str(home), "GEMINI_API_KEY": "not-a-key",
+            "GOOGLE_GEMINI_BASE_URL": model.url, "GEMINI_CLI_NO_RELAUNCH": "true", "NO_PROXY": "127.0.0.1,localhost",
+        }  # fmt: skip
+        settings = [arg for key, value in _settings_env(tmp_path).items() for arg in ("-e", f"{key}={value}")]
+        # README, "Register with a client": gemini mcp add --scope user code-sandbox /abs/.venv/bin/code-sandbox serve
+        registered = subprocess.run(
+            [gemini, "mcp", "add", "--scope", "user", *settings, "code-sandbox", CLI, "serve"],
+            env=env, cwd=project, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert registered.returncode == 0, registered.stderr
+        _first_start(tmp_path, env)
+        completed = subprocess.run(
+            [gemini, "-m", "gemini-2.5-flash", "--allowed-mcp-server-names", "code-sandbox", "-p", "Use the sandbox."],
+            env=env, cwd=project, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        assert DONE in completed.stdout, completed.stdout
+        # Gemini CLI checks arguments against the input schema itself: a misspelled field never reaches the server.
+        _assert_seen(model.gemini_outputs(), "gemini", {UNKNOWN_FIELD: "must NOT have additional properties"})
+        ours = [tool for tool in model.declared_tools() if tool["name"].startswith("mcp_code-sandbox_")]
+        assert len(ours) == 9
+        assert all("wait_for_previous" in json.dumps(tool) for tool in ours)  # Gemini's own, on every tool
+    assert model.stray == []
+    assert worker_containers(engine) == []

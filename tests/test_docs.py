@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+from code_sandbox.docker_engine import DockerEngine
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -38,3 +41,22 @@ def test_the_readme_settings_table_lists_every_setting() -> None:
     fields = [*re.findall(r'_IntSetting\("(\w+)"', settings), "audit_enabled", "audit_log", "profile", "tag"]
     for field in fields:
         assert f"`CODE_SANDBOX_{field.upper()}`" in readme, field
+
+
+def test_the_readme_counts_the_tests_of_this_run(request: pytest.FixtureRequest) -> None:
+    """The README's test count is the suite's (within 5%, as runtimes and engines change the parametrization)."""
+    stated = re.search(r"The suite \(([\d,]+) tests", (ROOT / "README.md").read_text())
+    assert stated is not None
+    collected = len(request.session.items)
+    if collected < 500:  # a subset of the suite was selected: nothing to compare
+        return
+    assert abs(int(stated.group(1).replace(",", "")) - collected) <= collected * 0.05, collected
+
+
+@pytest.mark.docker
+def test_the_readme_states_the_images_size(image_id: str, engine: DockerEngine) -> None:
+    stated = re.search(r"runc\): (\d+) MB as `docker images` counts it", (ROOT / "README.md").read_text())
+    assert stated is not None
+    facts = engine.image_facts(image_id)
+    assert facts is not None
+    assert abs(int(stated.group(1)) - facts.size / 1e6) <= 5, facts.size

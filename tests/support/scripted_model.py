@@ -23,7 +23,8 @@ DONE = "All done."
 """What the model says when the script has run out: the turn ends."""
 NOT_DECLARED = "The client did not declare the tool "
 """What the model says, ending the turn, when the client did not give it the tool of the next step."""
-_SESSION_ID = re.compile(r'session_id[\\"]*:\s*[\\"]*([A-Za-z0-9_-]{43})(?![A-Za-z0-9_-])')
+_SESSION_ID = re.compile(r'session_id[\\"]*:\s*[\\"]*([A-Za-z0-9_-]{43})[\\"]*,\s*[\\"]*expires_at')
+"""A sandbox ID as create_sandbox's output shows it (a client's error text may quote another call's arguments)."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,11 @@ def _gemini_candidate(model: ScriptedModel, body: dict[str, Any]) -> dict[str, A
     calls = sum("functionCall" in part for content in contents for part in content.get("parts", []))
     step = model.step(calls, model.gemini_outputs(body))
     declared = [decl["name"] for tool in body.get("tools", []) for decl in tool.get("functionDeclarations", [])]
-    names = [name for name in declared if step and (name == step.tool or name.endswith("__" + step.tool))]
+    # The client's name for the server's tool (Gemini CLI's mcp_<server>_<tool>) before a built-in of the same name.
+    names = sorted(
+        (n for n in declared if step and (n == step.tool or n.endswith("_" + step.tool))),
+        key=lambda n: n == getattr(step, "tool", ""),
+    )
     if step is None or not names:
         parts: list[dict[str, Any]] = [{"text": DONE if step is None else f"{NOT_DECLARED}{step.tool}"}]
     else:
