@@ -1,6 +1,6 @@
 """The clients users have, real and pinned (tests/support/clients), each registered with the README's commands and
 driven through a sandbox's life: create, write, run, an error of each kind, destroy. The reference SDK's client and
-Inspector call the tools themselves; Codex and Gemini CLI are driven by a scripted model on 127.0.0.1
+Inspector call the tools themselves; Codex, Gemini CLI and Claude Code are driven by a scripted model on 127.0.0.1
 (tests/support/scripted_model.py), and the test reads what each showed its model."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from code_sandbox.docker_engine import DockerEngine
-from code_sandbox.serve.handshake import KNOWN_VERSIONS
+from code_sandbox.serve.handshake import KNOWN_VERSIONS, VERSION_KEY
 
 from tests.support import clients
 from tests.support.run import worker_containers
@@ -153,6 +153,7 @@ def _codex_config(home: Path, model: ScriptedModel) -> None:
     )
 
 
+@pytest.mark.serial  # a client and its node or binary: CPU the other tests' deadlines need
 def test_codex_exec_with_the_readmes_registration_uses_every_tool(
     tmp_path: Path, engine: DockerEngine, installed: Path, codex_home: tuple[Path, dict[str, str]]
 ) -> None:
@@ -190,15 +191,25 @@ def _first_start(tmp_path: Path, env: dict[str, str]) -> None:
     tools on that first start."""
     for version in KNOWN_VERSIONS[:-1]:  # the session ones; the last is stateless
         _one_session(tmp_path, env, version)
+    meta = {VERSION_KEY: KNOWN_VERSIONS[-1], "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "first-start", "version": "0"}}  # fmt: skip
+    _exchange(tmp_path, env, [
+        {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}},
+    ])  # fmt: skip
 
 
 def _one_session(tmp_path: Path, env: dict[str, str], version: str) -> None:
-    messages = [
+    _exchange(tmp_path, env, [
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": version,
          "capabilities": {}, "clientInfo": {"name": "first-start", "version": "0"}}},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
-    ]  # fmt: skip
+    ])  # fmt: skip
+
+
+def _exchange(tmp_path: Path, env: dict[str, str], messages: list[dict[str, Any]]) -> None:
+    """Send ``messages`` to a server of the test's settings; the second answer must be a tool list."""
     with subprocess.Popen(
         [CLI, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         env={**env, **_settings_env(tmp_path)}, text=True,
@@ -225,6 +236,7 @@ GEMINI_SETTINGS = {
 statistics, telemetry or update check). Folder trust stays on, as it is by default."""
 
 
+@pytest.mark.serial  # a client and its node or binary: CPU the other tests' deadlines need
 def test_gemini_cli_with_the_readmes_registration_uses_every_tool_and_shows_each_code(
     tmp_path: Path, engine: DockerEngine, installed: Path
 ) -> None:
@@ -263,5 +275,41 @@ def test_gemini_cli_with_the_readmes_registration_uses_every_tool_and_shows_each
         ours = [tool for tool in model.declared_tools() if tool["name"].startswith("mcp_code-sandbox_")]
         assert len(ours) == 9
         assert all("wait_for_previous" in json.dumps(tool) for tool in ours)  # Gemini's own, on every tool
+    assert model.stray == []
+    assert worker_containers(engine) == []
+
+
+# -- Claude Code ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.serial  # a client and its node or binary: CPU the other tests' deadlines need
+def test_claude_code_with_the_server_allowed_uses_every_tool_and_shows_each_code(
+    tmp_path: Path, engine: DockerEngine, installed: Path
+) -> None:
+    """Claude Code opens with the stateless protocol (server/discover), asks before each MCP call until the server is
+    allowed (README), and shows its model structuredContent when a result has it, the text of an error."""
+    home, config = tmp_path / "home", tmp_path / "claude"
+    home.mkdir()
+    config.mkdir()
+    server = {"type": "stdio", "command": CLI, "args": ["serve"], "env": _settings_env(tmp_path)}
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {"code-sandbox": server}}))
+    claude = clients.package("@anthropic-ai/claude-code-linux-x64") / "claude"
+    with ScriptedModel([Call(tool, arguments) for tool, arguments, _shown in LIFE]) as model:
+        env = {
+            "PATH": os.environ["PATH"], "HOME": str(home), "CLAUDE_CONFIG_DIR": str(config), "TMPDIR": str(home),
+            "ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "not-a-key", "ENABLE_TOOL_SEARCH": "false",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_AUTOUPDATER": "1", "HTTPS_PROXY": model.url, "HTTP_PROXY": model.url,
+            "NO_PROXY": "127.0.0.1,localhost",
+        }  # fmt: skip
+        _first_start(tmp_path, env)
+        completed = subprocess.run(
+            [str(claude), "-p", "Use the sandbox.", "--mcp-config", str(tmp_path / "mcp.json"), "--strict-mcp-config",
+             "--allowedTools", "mcp__code-sandbox"],
+            env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        assert DONE in completed.stdout, completed.stdout
+        _assert_seen(model.anthropic_outputs(), "claude")
     assert model.stray == []
     assert worker_containers(engine) == []

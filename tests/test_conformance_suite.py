@@ -52,6 +52,7 @@ def _expected_failures() -> dict[str, set[str] | None]:
     return listed
 
 
+@pytest.mark.serial  # some hundred requests at once: CPU the other tests' deadlines need
 @pytest.mark.parametrize("version", SUITE_VERSIONS)
 def test_the_official_conformance_suite_passes_every_scenario_that_applies(
     mount: str, version: str, tmp_path: Path

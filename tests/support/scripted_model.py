@@ -3,10 +3,11 @@ client is pointed at it as its model provider, and it plays a script of tool cal
 the turn with a message. It records every request, so a test reads what the client showed its model as each tool's
 output. Nothing leaves the machine: the clients are real, only the model is fake.
 
-It speaks OpenAI's Responses API (``POST /v1/responses``, streamed; Codex) and Gemini's
-(``POST /v1beta/models/<model>:streamGenerateContent``, streamed, and ``:generateContent``; Gemini CLI). The step a
-request gets is the number of tool calls already in its conversation, so a retried request does not skip one. The
-string ``$session_id`` in a step's arguments stands for the last sandbox ID that a tool's output showed the model.
+It speaks OpenAI's Responses API (``POST /v1/responses``, streamed; Codex), Gemini's
+(``POST /v1beta/models/<model>:streamGenerateContent``, streamed, and ``:generateContent``; Gemini CLI) and
+Anthropic's Messages API (``POST /v1/messages``, streamed; Claude Code). The step a request gets is the number of tool
+calls already in its conversation, so a retried request does not skip one. The string ``$session_id`` in a step's
+arguments stands for the sandbox ID that create_sandbox's output showed the model.
 """
 
 from __future__ import annotations
@@ -110,6 +111,20 @@ class ScriptedModel:
             if "functionResponse" in part
         ]
 
+    def anthropic_outputs(self, body: dict[str, Any] | None = None) -> list[str]:
+        """Claude Code: the tool results in the last request's conversation (or ``body``'s), each as text."""
+        outputs: list[str] = []
+        for message in (body or self.last_conversation()).get("messages", []):
+            content: object = message.get("content")
+            blocks = cast(list[dict[str, Any]], content) if isinstance(content, list) else []
+            for block in blocks:
+                if block.get("type") == "tool_result":
+                    inner: object = block.get("content")
+                    if isinstance(inner, list):
+                        inner = "\n".join(part.get("text", "") for part in cast(list[dict[str, Any]], inner))
+                    outputs.append(str(inner))
+        return outputs
+
     def declared_tools(self) -> list[dict[str, Any]]:
         """The tools the last request declared to the model (Gemini's function declarations, or Codex's tools)."""
         body = self.last_conversation()
@@ -174,6 +189,40 @@ def _gemini_candidate(model: ScriptedModel, body: dict[str, Any]) -> dict[str, A
     return {"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}
 
 
+def _anthropic_reply(model: ScriptedModel, body: dict[str, Any], n: int) -> bytes:
+    messages = cast(list[dict[str, Any]], body.get("messages", []))
+    calls = sum(
+        block.get("type") == "tool_use"
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for block in message["content"]
+    )
+    declared = [tool.get("name", "") for tool in body.get("tools", [])]
+    step = model.step(calls, model.anthropic_outputs(body)) if declared else None
+    names = [name for name in declared if step and name.endswith("__" + step.tool)]
+    message: dict[str, Any] = {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": body.get("model"),
+               "content": [], "stop_reason": None, "stop_sequence": None,
+               "usage": {"input_tokens": 1, "output_tokens": 1}}  # fmt: skip
+    start: dict[str, Any] = {"type": "message_start", "message": message}
+    if step is not None and names:
+        block: dict[str, Any] = {"type": "tool_use", "id": f"toolu_{n}", "name": names[0], "input": {}}
+        delta: dict[str, Any] = {"type": "input_json_delta", "partial_json": json.dumps(step.arguments)}
+        stop = "tool_use"
+    else:
+        said = DONE if step is None or not declared else f"{NOT_DECLARED}{step.tool}"
+        block, delta, stop = {"type": "text", "text": ""}, {"type": "text_delta", "text": said}, "end_turn"
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", start),
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                           "usage": {"output_tokens": 1}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]  # fmt: skip
+    return b"".join(_sse(event, payload) for event, payload in events)
+
+
 def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -197,7 +246,12 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 body = {}
             path = self.path.split("?", 1)[0]
             n = len(model.requests) + 1
-            if path.endswith("/responses"):
+            if path.endswith("/v1/messages"):
+                model.record(path, body)
+                self._send(200, _anthropic_reply(model, body, n), "text/event-stream")
+            elif path.endswith("/v1/messages/count_tokens"):
+                self._send(200, b'{"input_tokens": 1}', "application/json")
+            elif path.endswith("/responses"):
                 model.record(path, body)
                 self._send(200, _openai_reply(model, body, n), "text/event-stream")
             elif path.endswith(":streamGenerateContent"):

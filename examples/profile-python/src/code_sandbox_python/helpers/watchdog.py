@@ -107,9 +107,17 @@ def drain() -> None:
 # One wait at a time keeps the process idle; it wakes every CHECK_EVERY_S at most so that a wall-clock jump is
 # noticed within that interval. Calling drain() (a Python function) also runs any pending signal handler before
 # check() reads the deadlines.
+def _stdin_ended() -> bool:
+    """Whether the lifeline reached end-of-file (the server never writes; a wake with nothing to read is not it)."""
+    try:
+        return not os.read(0, 4096)
+    except (BlockingIOError, InterruptedError):
+        return False
+
+
 watched = [wake_read, 0] if lifeline else [wake_read]
 while True:
     ready, _, _ = select.select(watched, [], [], check())
-    if 0 in ready and not os.read(0, 4096):  # the server never writes: end-of-file is the only news
+    if 0 in ready and _stdin_ended():
         os._exit(0)
     drain()
