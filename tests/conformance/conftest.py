@@ -84,8 +84,7 @@ def programs(conformance_profile: Profile) -> Programs:
 @pytest.fixture
 async def sandboxes(engine: DockerEngine, conformance_profile: Profile) -> AsyncIterator[SessionManager]:
     """A session manager for the profile under test, on its verified image; shut down after the test."""
-    if not engine.verified_images:
-        ready_image(engine, conformance_profile)
+    ready_image(engine, conformance_profile)  # this profile's (another profile's verified image is not it)
     manager = SessionManager(engine, conformance_profile, Settings(max_sessions=2, default_timeout=10, max_timeout=60))
     yield manager
     await manager.shutdown()
