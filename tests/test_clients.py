@@ -68,6 +68,7 @@ def _assert_seen(outputs: list[str], client: str, instead: dict[int, str] | None
 # -- the reference SDK's client and Inspector --------------------------------------------------------------------
 
 
+@pytest.mark.serial  # a client and its node or binary: CPU the other tests' deadlines need
 def test_the_reference_sdks_client_gets_every_result_and_every_error_with_its_code(
     tmp_path: Path, engine: DockerEngine, installed: Path
 ) -> None:
@@ -102,6 +103,7 @@ def _inspector(tmp_path: Path, *method: str) -> subprocess.CompletedProcess[str]
     )  # fmt: skip
 
 
+@pytest.mark.serial  # a client and its node or binary: CPU the other tests' deadlines need
 def test_inspectors_strict_lint_finds_nothing_in_the_tool_list(tmp_path: Path, installed: Path) -> None:
     """``--strict`` lints every schema for portability: a nullable type list (``["integer", "null"]``) was one of 13
     warnings."""
@@ -113,6 +115,7 @@ def test_inspectors_strict_lint_finds_nothing_in_the_tool_list(tmp_path: Path, i
     assert "portability" not in completed.stderr, completed.stderr
 
 
+@pytest.mark.serial  # a client and its node or binary: CPU the other tests' deadlines need
 def test_inspector_shows_an_error_result_with_its_code(tmp_path: Path, installed: Path) -> None:
     completed = _inspector(
         tmp_path, "tools/call", "--tool-name", "list_files", "--tool-arg", f"session_id={MISSING_SESSION}"

@@ -136,6 +136,7 @@ STATELESS = [
 ]
 
 
+@pytest.mark.serial  # two servers started and an HTTP one: CPU the other tests' deadlines need
 @pytest.mark.parametrize("version", KNOWN_VERSIONS)
 def test_the_mount_answers_as_serve_does(mount: str, version: str, tmp_path: Path) -> None:
     messages = STATELESS if version == KNOWN_VERSIONS[-1] else _session(version)

@@ -20,7 +20,11 @@ from code_sandbox.hardening import LABEL_RUNTIME
 from tests.support.run import worker_containers
 from tests.test_server import CLI, server_env
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("image_id", "cleanup_managed")]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.serial,  # servers started, filled and killed: CPU the other tests' deadlines need
+    pytest.mark.usefixtures("image_id", "cleanup_managed"),
+]
 
 INITIALIZE: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}  # fmt: skip
