@@ -239,7 +239,9 @@ async def test_a_run_reports_the_cpu_time_and_peak_memory_its_cgroup_counted(
     assert busy.exit_code == 0 and busy.cpu_ms is not None and (300 if gvisor else 800) <= busy.cpu_ms <= 3000, busy
     hold = await run(sandboxes, session.id, programs, programs.hold)
     assert hold.exit_code == 0, hold.stderr
-    assert hold.peak_memory_bytes is not None and hold.peak_memory_bytes >= 200_000_000
+    # 200 MB written, against the sandbox's use just before (which counts the next run's waiting process, whose
+    # pages the run then reuses): within a few pages of it, never far below.
+    assert hold.peak_memory_bytes is not None and hold.peak_memory_bytes >= 199_000_000, hold
     hello = await run(sandboxes, session.id, programs, programs.arguments)
     if gvisor:  # the engine's counters (gVisor shows none inside): a peak only where the run set a new mark
         assert hello.peak_memory_bytes is None
