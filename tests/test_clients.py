@@ -99,7 +99,8 @@ def _inspector(tmp_path: Path, *method: str) -> subprocess.CompletedProcess[str]
     options = [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
     return subprocess.run(
         [str(clients.launcher()), "--cli", *options, CLI, "serve", "--method", *method],
-        capture_output=True, text=True, timeout=240, env={**os.environ, **env}, check=False, cwd=tmp_path,
+        capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path,
+        env={**os.environ, **env, "PATH": clients.with_node22(os.environ["PATH"])},
     )  # fmt: skip
 
 
@@ -138,7 +139,7 @@ def codex_home(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     user_home = tmp_path / "home"
     user_home.mkdir()
     env = {
-        "PATH": os.environ["PATH"],
+        "PATH": clients.with_node22(os.environ["PATH"]),
         "HOME": str(user_home),
         "CODEX_HOME": str(home),
         "SCRIPTED_MODEL_KEY": "not-a-key",
@@ -256,7 +257,7 @@ def test_gemini_cli_with_the_readmes_registration_uses_every_tool_and_shows_each
     steps = [Call(tool, {**arguments, "wait_for_previous": True}) for tool, arguments, _shown in LIFE]
     with ScriptedModel(steps) as model:
         env = {
-            "PATH": os.environ["PATH"], "HOME": str(home), "GEMINI_API_KEY": "not-a-key",
+            "PATH": clients.with_node22(os.environ["PATH"]), "HOME": str(home), "GEMINI_API_KEY": "not-a-key",
             "GOOGLE_GEMINI_BASE_URL": model.url, "GEMINI_CLI_NO_RELAUNCH": "true", "NO_PROXY": "127.0.0.1,localhost",
         }  # fmt: skip
         settings = [arg for key, value in _settings_env(tmp_path).items() for arg in ("-e", f"{key}={value}")]
@@ -299,7 +300,8 @@ def test_claude_code_with_the_server_allowed_uses_every_tool_and_shows_each_code
     claude = clients.package("@anthropic-ai/claude-code-linux-x64") / "claude"
     with ScriptedModel([Call(tool, arguments) for tool, arguments, _shown in LIFE]) as model:
         env = {
-            "PATH": os.environ["PATH"], "HOME": str(home), "CLAUDE_CONFIG_DIR": str(config), "TMPDIR": str(home),
+            "PATH": clients.with_node22(os.environ["PATH"]), "HOME": str(home), "CLAUDE_CONFIG_DIR": str(config),
+            "TMPDIR": str(home),
             "ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "not-a-key", "ENABLE_TOOL_SEARCH": "false",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
             "DISABLE_AUTOUPDATER": "1", "HTTPS_PROXY": model.url, "HTTP_PROXY": model.url,

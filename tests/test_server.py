@@ -843,7 +843,8 @@ def _inspector(command: Path, tmp_path: Path, *method: str) -> dict[str, Any]:
     options = [arg for pair in passed for arg in ("-e", pair)]
     completed = subprocess.run(
         [str(command), "--cli", *options, CLI, "serve", "--method", *method],
-        capture_output=True, timeout=240, env=env, check=False, cwd=tmp_path,
+        capture_output=True, timeout=240, env={**env, "PATH": clients.with_node22(env["PATH"])}, check=False,
+        cwd=tmp_path,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-2000:]
     return json.loads(completed.stdout)

@@ -110,3 +110,9 @@ def ensure_installed() -> Path:
             raise RuntimeError("CI=true and the MCP clients are missing: python -m tests.support.clients install")
         install()
     return install_dir()
+
+
+def with_node22(path: str) -> str:
+    """``PATH`` with the install's Node.js 22 first, for the clients whose launchers ask ``env`` for ``node`` (the
+    system's may be older than they need)."""
+    return os.pathsep.join([str(node22().parent), path])
