@@ -356,7 +356,7 @@ class _HelloEngine(MemoryEngine):
         super().__init__()
         self.ends: list[socket.socket] = []
 
-    def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
+    def open_exec(self, container_id: str, argv: list[str], *, user: str, privileged: bool = False) -> HeldExec:
         if "--supervise" in argv:
             raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "not in this test")
         host, helper = socket.socketpair()
@@ -489,7 +489,7 @@ class _ScriptedChannel(_HelloEngine):
         super().__init__()
         self.hello, self.answers = hello, answers
 
-    def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
+    def open_exec(self, container_id: str, argv: list[str], *, user: str, privileged: bool = False) -> HeldExec:
         if "--supervise" in argv:
             raise SandboxError(ErrorCode.CONTAINER_UNAVAILABLE, "not in this test")
         host, helper = socket.socketpair()

@@ -108,8 +108,8 @@ class ForwardingEngine:
     def usage(self, container_id: str) -> Usage | None:
         return self.inner.usage(container_id)
 
-    def open_exec(self, container_id: str, argv: list[str], *, user: str) -> ExecStream:
-        return self.inner.open_exec(container_id, argv, user=user)
+    def open_exec(self, container_id: str, argv: list[str], *, user: str, privileged: bool = False) -> ExecStream:
+        return self.inner.open_exec(container_id, argv, user=user, privileged=privileged)
 
     def remove_leftover_volumes(self, *, tag: str | None = None, grace: float) -> int:
         return self.inner.remove_leftover_volumes(tag=tag, grace=grace)
@@ -148,8 +148,8 @@ class EditedEngine(ForwardingEngine):
         self.exec_edit = exec_edit
         self.operations: list[str] = []
 
-    def open_exec(self, container_id: str, argv: list[str], *, user: str) -> ExecStream:
-        return _EditedStream(self.inner.open_exec(container_id, argv, user=user), self)
+    def open_exec(self, container_id: str, argv: list[str], *, user: str, privileged: bool = False) -> ExecStream:
+        return _EditedStream(self.inner.open_exec(container_id, argv, user=user, privileged=privileged), self)
 
     def exec(self, container_id: str, request: ExecRequest) -> ExecResult:
         result = super().exec(container_id, request)

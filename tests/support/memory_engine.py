@@ -235,7 +235,7 @@ class MemoryEngine:
         self._enter("watch_exec")
         return self.on_watch_exec(self._container(container_id), request)
 
-    def open_exec(self, container_id: str, argv: list[str], *, user: str) -> ExecStream:
+    def open_exec(self, container_id: str, argv: list[str], *, user: str, privileged: bool = False) -> ExecStream:
         self._enter("open_exec")
         return self.on_open_exec(self._container(container_id), argv)
 

@@ -397,9 +397,13 @@ class DockerEngine:
         """See :meth:`code_sandbox.engine.Engine.watch_exec` and :meth:`Execs.watch`."""
         return self._execs.watch(container_id, request)
 
-    def open_exec(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
-        """See :meth:`code_sandbox.engine.Engine.open_exec` and :meth:`Execs.open`."""
-        return self._execs.open(container_id, argv, user=user)
+    def open_exec(self, container_id: str, argv: list[str], *, user: str, privileged: bool = False) -> HeldExec:
+        """See :meth:`code_sandbox.engine.Engine.open_exec` and :meth:`Execs.open`. A privileged exec under the host's
+        kernel would be root on the host: it is refused unless every container of this engine runs under a user-space
+        kernel, on Docker (Podman ignores the runtime asked for)."""
+        if privileged and (self._podman() or not self.runtime_in_force().user_space_kernel):
+            raise SandboxError(ErrorCode.INTERNAL_ERROR, "a privileged helper runs only under a user-space kernel")
+        return self._execs.open(container_id, argv, user=user, privileged=privileged)
 
     def _podman(self) -> bool:
         return self.daemon_facts().podman

@@ -141,22 +141,24 @@ class Execs:
                 if not done.is_set():
                     request.on_exit()
 
-    def open(self, container_id: str, argv: list[str], *, user: str) -> HeldExec:
+    def open(self, container_id: str, argv: list[str], *, user: str, privileged: bool = False) -> HeldExec:
         """Start ``argv`` in the container with its stdin held open: requests go in, answers come back one line at
         a time, for as long as the process lives (the helpers' channel).
 
         :raises SandboxError: ``CONTAINER_UNAVAILABLE`` when the container or daemon is gone.
         """
-        _exec_id, attached = self._start_exec(container_id, argv, user=user, stdin=True)
+        _exec_id, attached = self._start_exec(container_id, argv, user=user, stdin=True, privileged=privileged)
         return HeldExec(attached, attach_socket(attached))
 
-    def _start_exec(self, container_id: str, argv: list[str], *, user: str, stdin: bool) -> tuple[str, object]:
+    def _start_exec(
+        self, container_id: str, argv: list[str], *, user: str, stdin: bool, privileged: bool = False
+    ) -> tuple[str, object]:
         api = self._client()
         with translate(*_UNAVAILABLE):
             try:
                 created = api.exec_create(
                     container_id, argv, stdout=True, stderr=True, stdin=stdin, tty=False, user=user,
-                    environment=self._environment(), workdir=WORKSPACE_DIR, privileged=False,
+                    environment=self._environment(), workdir=WORKSPACE_DIR, privileged=privileged,
                 )  # fmt: skip
             except APIError as exc:
                 if podman.not_running(exc, self._podman()):

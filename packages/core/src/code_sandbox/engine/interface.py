@@ -206,8 +206,13 @@ class Engine(Protocol):
         """
         ...
 
-    def open_exec(self, container_id: str, argv: list[str], *, user: str) -> ExecStream:
-        """Start ``argv`` in the container with its stdin held open (the helpers' channel)."""
+    def open_exec(self, container_id: str, argv: list[str], *, user: str, privileged: bool = False) -> ExecStream:
+        """Start ``argv`` in the container with its stdin held open (the helpers' channel). ``privileged``: with every
+        capability of the runtime's own kernel, which only a user-space kernel (gVisor) may grant: the supervisor that
+        jails each run (:mod:`code_sandbox.image.jail`).
+
+        :raises SandboxError: ``CONTAINER_UNAVAILABLE``; ``INTERNAL_ERROR`` for ``privileged`` under any other runtime.
+        """
         ...
 
     def remove_leftover_volumes(self, *, tag: str | None = None, grace: float) -> int:

@@ -19,6 +19,7 @@ from code_sandbox.engine import Engine, normalise_arch
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import READABLE_LOADER, SCRATCH_DIR, WORKSPACE_DIR, readable_runtime
 from code_sandbox.image.elf import is_elf, resolve_runtime_files, with_interpreter
+from code_sandbox.image.jail import JAIL_MODE, JAIL_PATH, JAIL_ROOT, jail_program
 from code_sandbox.image.layout import (
     DOCKERFILE,
     FILE_MODE_IN_IMAGE,
@@ -114,7 +115,8 @@ def build_offline_image(
         raise SandboxError(
             ErrorCode.IMAGE_BUILD_FAILED, "the runtime binary's interpreter path is too short to name its readable copy"
         ) from None
-    entries = _image_entries(runtime_bytes, readable_bytes, contents.runtime_path, info.interpreter, files, tree)
+    jail = jail_program(daemon.architecture)
+    entries = _image_entries(runtime_bytes, readable_bytes, contents.runtime_path, info.interpreter, files, tree, jail)
     context = _build_context(entries)
     progress(f"sending {context.getbuffer().nbytes // (1024 * 1024)} MiB to the Docker engine")
     labels = {
@@ -180,15 +182,19 @@ def _image_entries(
     interpreter: str,
     contents: Mapping[str, bytes],
     tree: Mapping[str, bytes],
+    jail: bytes | None,
 ) -> dict[str, _Entry]:
     """Every entry of the image, all root-owned: files with their bytes, and the directories that hold them. Only the
-    runtime and its interpreter are executable, and neither is readable; their readable copies are for gVisor."""
+    runtime and its interpreter are executable, and neither is readable; their readable copies are for gVisor, and so
+    is the jail (root's alone, :mod:`code_sandbox.image.jail`) where one is written for the engine's architecture."""
     files: dict[str, tuple[bytes, int]] = {path: (data, FILE_MODE_IN_IMAGE) for path, data in contents.items()}
     files.update((path, (data, FILE_MODE)) for path, data in tree.items())
     files[runtime_path] = (runtime, RUNTIME_MODE)
     files[interpreter] = (contents[interpreter], RUNTIME_MODE)
     files[readable_runtime(runtime_path)] = (readable, READABLE_RUNTIME_MODE)
     files[READABLE_LOADER] = (contents[interpreter], READABLE_RUNTIME_MODE)
+    if jail is not None:
+        files[JAIL_PATH] = (jail, JAIL_MODE)
     files["/etc/passwd"] = (PASSWD.encode(), 0o444)
     files["/etc/group"] = (GROUP.encode(), 0o444)
     entries: dict[str, _Entry] = {
@@ -196,6 +202,8 @@ def _image_entries(
         SCRATCH_DIR: ("directory", 0o700, b""),
         INIT_DIR: ("directory", INIT_DIR_MODE, b""),
     }
+    if jail is not None:
+        entries[JAIL_ROOT] = ("directory", 0o755, b"")
     for image_path in files:
         mode = DIRECTORY_MODE if image_path in tree else 0o755
         for parent in PurePosixPath(image_path).parents:

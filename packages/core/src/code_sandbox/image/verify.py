@@ -27,6 +27,7 @@ from code_sandbox.hardening import (
     readable_runtime,
     user_of,
 )
+from code_sandbox.image.jail import JAIL_MODE, JAIL_PATH, jail_program
 from code_sandbox.image.layout import (
     BUILDER_LABELS,
     ENGINE_MADE,
@@ -57,7 +58,7 @@ from code_sandbox.image.seal import SEAL_PATH, seal_library
 from code_sandbox.liveness import is_private_directory
 from code_sandbox.profile import ImageSpec, Profile
 
-VERIFIER_VERSION = 5
+VERIFIER_VERSION = 6
 """Bump when :func:`verify_image` checks something new: passes recorded by an earlier version then no longer count."""
 
 
@@ -212,6 +213,8 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
     readable: tuple[str, int, int, str | None] | None = None
     seal = seal_library(image.architecture)
     seal_found = False
+    jail = jail_program(image.architecture)
+    jail_seen: tuple[str, int, int, str | None] | None = None
     runtime_digest: str | None = None
     tree = _TreeCheck(spec.package_root)
     seen: set[str] = set()
@@ -244,6 +247,8 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
                 runtime_digest = entry.sha256
             if entry.path == readable_path:
                 readable = (entry.kind, entry.mode, entry.uid, entry.sha256)
+            if entry.path == JAIL_PATH:
+                jail_seen = (entry.kind, entry.mode, entry.uid, entry.sha256)
             if entry.path == SEAL_PATH:
                 seal_found = seal is not None and entry.sha256 == hashlib.sha256(seal).hexdigest()
                 seal_found = seal_found and entry.kind == "file" and entry.mode == FILE_MODE_IN_IMAGE and entry.uid == 0
@@ -279,6 +284,7 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
         else "readable and executable: " + ", ".join(sorted(runnable)[:5]),
     )
     report.add("seal", seal_found, f"{SEAL_PATH} " + ("matches" if seal_found else "is missing or differs"))
+    _report_jail(jail, jail_seen, report)
     _report_files(image, seen, engine_made, report)
     report.add(
         "owners and modes",
@@ -293,6 +299,19 @@ def _verify_contents(engine: Engine, spec: ImageSpec, image: ImageFacts, report:
         "as the build writes them" if not wrong_accounts else "differ: " + ", ".join(wrong_accounts),
     )
     tree.report(image, report)
+
+
+def _report_jail(jail: bytes | None, seen: tuple[str, int, int, str | None] | None, report: VerifyReport) -> None:
+    """The jail is exactly ours, root's alone, where one is written for the image's architecture; absent otherwise."""
+    if jail is None:
+        report.add("jail", seen is None, "none for this architecture" if seen is None else f"{JAIL_PATH} is not ours")
+        return
+    matches = seen == ("file", JAIL_MODE, 0, hashlib.sha256(jail).hexdigest())
+    report.add(
+        "jail",
+        matches,
+        f"{JAIL_PATH} matches, root-owned, mode {JAIL_MODE:o}" if matches else f"{JAIL_PATH} is missing or differs",
+    )
 
 
 def _plain_engine_entry(entry: FileEntry) -> bool:

@@ -1,0 +1,485 @@
+"""The jail: a static 64-bit ELF program that starts a program as a sandbox uid in a process namespace of its own.
+
+Under gVisor the kernel does not keep a process out of another of the same uid, and shows every process's
+``/proc/<pid>/fd`` directory to every uid (and opens some of their descriptors), so a program must not see any
+process but those of its own run. The supervisor (root in the sandbox, out of reach of the sandbox uid under gVisor's
+kernel) starts every program through this jail:
+
+``jail bind``
+    once per container: binds the container's root, ``/dev``, ``/workspace`` and ``/tmp`` at :data:`JAIL_ROOT`
+    (gVisor of 2022 has no mount namespaces: the binds are seen by every process, and change nothing outside).
+``jail run <uid> <program> [<argument>...]``
+    moves the next child into a new PID namespace; that child (the namespace's init, root) mounts a ``proc`` of the
+    namespace at :data:`JAIL_ROOT`/proc, enters :data:`JAIL_ROOT` (``chroot``), and starts the program as ``<uid>``
+    (groups dropped, gid the same number; gVisor clears every capability as the uid changes), in ``/workspace``,
+    with the jail's own environment. The init closes every descriptor but one pipe, reaps orphans, and when the
+    program ends writes its wait status on that pipe and exits, which ends every other process of the namespace.
+    The jail then unmounts the namespace's ``proc`` and ends as the program did: with its exit code, or killed by
+    the same signal. The init dies with the jail (``PR_SET_PDEATHSIG``), so killing the jail ends the run.
+
+Inside, ``/proc`` lists the init and the run's own processes only. The program is never root: the jail refuses uid 0.
+
+The program is written here byte by byte, from the instructions below, rather than compiled, as the seal is
+(:mod:`code_sandbox.image.seal`): an image build needs no compiler, and ``verify-image`` compares the bytes exactly.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from code_sandbox.hardening import READABLE_RUNTIME_DIR, SCRATCH_DIR, WORKSPACE_DIR
+
+JAIL_PATH = f"{READABLE_RUNTIME_DIR}/jail"
+"""Where every image built by ``build-image --offline`` holds the jail: root-owned, mode 0500 (gVisor runs only what it
+can read, and no uid but root may run it). Under runc an empty tmpfs lies over its directory."""
+JAIL_MODE = 0o500
+JAIL_ROOT = f"{READABLE_RUNTIME_DIR}/root"
+"""The empty directory of the image where ``jail bind`` puts the container's root, and every run is jailed."""
+JAIL_BINDS = (("/", JAIL_ROOT), ("/dev", f"{JAIL_ROOT}/dev"), (WORKSPACE_DIR, f"{JAIL_ROOT}{WORKSPACE_DIR}"),
+              (SCRATCH_DIR, f"{JAIL_ROOT}{SCRATCH_DIR}"))  # fmt: skip
+JAIL_PROC = f"{JAIL_ROOT}/proc"
+
+EXIT_USAGE = 120
+"""The jail's own exit codes, when it did not start a program. A program that started may exit with any code; the
+supervisor tells the two apart by what the program itself says once it runs."""
+EXIT_BIND = 121
+EXIT_UNSHARE = 122
+EXIT_LOST = 123
+EXIT_SETUP = 124
+EXIT_EXEC = 127
+
+LOAD_ADDRESS = 0x40_0000
+_EHDR, _PHDR = 64, 56
+_HEADERS = _EHDR + 2 * _PHDR
+
+_CLONE_NEWPID = 0x2000_0000
+_O_CLOEXEC = 0o2000000
+_MS_BIND = 0x1000
+_MS_PROC = 2 | 4 | 8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
+_MNT_DETACH = 2
+_PR_SET_PDEATHSIG = 1
+_SIGKILL = 9
+_EINTR = 4
+_MAX_FD = 256  # every descriptor below this is closed in the jail and the init, but the status pipe's end
+_PROC_UNMOUNTS = 16  # a run killed before it unmounted leaves its proc: the next one takes up to this many off
+_PROC_SUPER_MAGIC = 0x9FA0
+_STATFS_AT = 16  # where on the stack statfs writes (its f_type first), after the pipe and the wait status
+_STACK_BYTES = 160
+
+_SYSCALLS = {
+    "read": 0, "write": 1, "close": 3, "getpid": 39, "fork": 57, "execve": 59, "wait4": 61, "kill": 62,
+    "chdir": 80, "setuid": 105, "setgid": 106, "setgroups": 116, "prctl": 157, "chroot": 161, "mount": 165,
+    "statfs": 137, "umount2": 166, "exit_group": 231, "unshare": 272, "pipe2": 293,
+}  # fmt: skip
+
+RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8, R9, R10, R11, R12, R13, R14, R15 = range(16)
+
+
+class _X86:
+    """Just enough of an x86_64 assembler for the jail: 64-bit registers, [base + disp32] operands, rel32 jumps."""
+
+    def __init__(self) -> None:
+        self.code = bytearray()
+        self.labels: dict[str, int] = {}
+        self.fixups: list[tuple[int, str]] = []
+
+    def label(self, name: str) -> None:
+        if name in self.labels:
+            raise ValueError(name)
+        self.labels[name] = len(self.code)
+
+    def _rex(self, reg: int, rm: int, *, wide: bool = True) -> bytes:
+        rex = 0x40 | (8 if wide else 0) | (4 if reg & 8 else 0) | (1 if rm & 8 else 0)
+        return bytes([rex]) if rex != 0x40 else b""
+
+    def _mem(self, reg: int, base: int, disp: int) -> bytes:
+        modrm = bytes([0x80 | (reg & 7) << 3 | (base & 7)])
+        sib = b"\x24" if base & 7 == RSP else b""
+        return modrm + sib + struct.pack("<i", disp)
+
+    def _reg(self, reg: int, rm: int) -> bytes:
+        return bytes([0xC0 | (reg & 7) << 3 | (rm & 7)])
+
+    def emit(self, *chunks: bytes) -> None:
+        for chunk in chunks:
+            self.code.extend(chunk)
+
+    def mov_imm(self, reg: int, value: int) -> None:
+        """``mov r64, imm32`` (sign-extended)."""
+        self.emit(self._rex(0, reg), b"\xc7", self._reg(0, reg), struct.pack("<i", value))
+
+    def mov(self, dst: int, src: int) -> None:
+        self.emit(self._rex(src, dst), b"\x89", self._reg(src, dst))
+
+    def load(self, dst: int, base: int, disp: int = 0, *, wide: bool = True) -> None:
+        self.emit(self._rex(dst, base, wide=wide), b"\x8b", self._mem(dst, base, disp))
+
+    def load_byte(self, dst: int, base: int, disp: int = 0) -> None:
+        """``movzx r32, byte [base + disp]``."""
+        self.emit(self._rex(dst, base, wide=False), b"\x0f\xb6", self._mem(dst, base, disp))
+
+    def lea(self, dst: int, base: int, disp: int) -> None:
+        self.emit(self._rex(dst, base), b"\x8d", self._mem(dst, base, disp))
+
+    def add(self, dst: int, src: int) -> None:
+        self.emit(self._rex(src, dst), b"\x01", self._reg(src, dst))
+
+    def _group1(self, extension: int, reg: int, value: int) -> None:
+        self.emit(self._rex(0, reg), b"\x81", self._reg(extension, reg), struct.pack("<i", value))
+
+    def add_imm(self, reg: int, value: int) -> None:
+        self._group1(0, reg, value)
+
+    def and_imm(self, reg: int, value: int) -> None:
+        self._group1(4, reg, value)
+
+    def sub_imm(self, reg: int, value: int) -> None:
+        self._group1(5, reg, value)
+
+    def cmp_imm(self, reg: int, value: int) -> None:
+        self._group1(7, reg, value)
+
+    def cmp(self, left: int, right: int) -> None:
+        self.emit(self._rex(right, left), b"\x39", self._reg(right, left))
+
+    def test(self, reg: int) -> None:
+        self.emit(self._rex(reg, reg), b"\x85", self._reg(reg, reg))
+
+    def imul_imm(self, dst: int, src: int, value: int) -> None:
+        self.emit(self._rex(dst, src), b"\x6b", self._reg(dst, src), struct.pack("<b", value))
+
+    def shr_imm(self, reg: int, value: int) -> None:
+        self.emit(self._rex(0, reg), b"\xc1", self._reg(5, reg), bytes([value]))
+
+    def _jump(self, opcode: bytes, target: str) -> None:
+        self.emit(opcode)
+        self.fixups.append((len(self.code), target))
+        self.emit(bytes(4))
+
+    def jmp(self, target: str) -> None:
+        self._jump(b"\xe9", target)
+
+    def call(self, target: str) -> None:
+        self._jump(b"\xe8", target)
+
+    def jcc(self, condition: str, target: str) -> None:
+        codes = {"e": 0x84, "ne": 0x85, "a": 0x87, "ae": 0x83, "l": 0x8C, "g": 0x8F, "s": 0x88, "ns": 0x89, "b": 0x82}
+        self._jump(bytes([0x0F, codes[condition]]), target)
+
+    def ret(self) -> None:
+        self.emit(b"\xc3")
+
+    def syscall(self, name: str, *arguments: int | Callable[[], None]) -> None:
+        """Sets ``eax`` to the call's number and each argument register (an ``int`` is an immediate, a callable
+        emits its own load), then makes the call. The result is in ``rax``; ``rcx`` and ``r11`` are clobbered."""
+        for register, argument in zip((RDI, RSI, RDX, R10, R8, R9), arguments, strict=False):
+            if callable(argument):
+                argument()
+            else:
+                self.mov_imm(register, argument)
+        self.mov_imm(RAX, _SYSCALLS[name])
+        self.emit(b"\x0f\x05")
+
+    def resolve(self) -> bytes:
+        for position, target in self.fixups:
+            distance = self.labels[target] - (position + 4)
+            self.code[position : position + 4] = struct.pack("<i", distance)
+        return bytes(self.code)
+
+
+def _strings() -> tuple[bytes, dict[str, int]]:
+    """The jail's constant strings, NUL-terminated, and each one's offset in the blob."""
+    names = {"bind": "bind", "run": "run", "proc": "proc", "proc_dir": JAIL_PROC, "root": JAIL_ROOT, "slash": "/", "workspace": WORKSPACE_DIR}
+    for index, (source, target) in enumerate(JAIL_BINDS):
+        names[f"bind_source_{index}"] = source
+        names[f"bind_target_{index}"] = target
+    blob = bytearray()
+    offsets: dict[str, int] = {}
+    for name, text in names.items():
+        offsets[name] = len(blob)
+        blob.extend(text.encode() + b"\0")
+    return bytes(blob), offsets
+
+
+def _x86_64_code(string_address: Callable[[str], int]) -> bytes:
+    a = _X86()
+    s = string_address
+
+    # Entry: [rsp] argc, argv at rsp + 8, envp after argv's NULL.
+    a.load(R12, RSP, 0)  # argc
+    a.lea(R13, RSP, 8)  # argv
+    a.imul_imm(R14, R12, 8)
+    a.add(R14, R13)
+    a.add_imm(R14, 8)  # envp
+    a.sub_imm(RSP, _STACK_BYTES)  # [rsp]: the status pipe (two ints); [rsp + 8]: a wait status; then statfs's
+    a.cmp_imm(R12, 2)
+    a.jcc("l", "usage")
+    for mode in ("bind", "run"):  # argv[1] is the mode, whole: nothing else starts either
+        a.load(RSI, R13, 8)
+        a.mov_imm(RDI, s(mode))
+        a.label(f"{mode}_next")
+        a.load_byte(RAX, RSI, 0)
+        a.load_byte(RDX, RDI, 0)
+        a.cmp(RAX, RDX)
+        a.jcc("ne", f"{mode}_differs")
+        a.test(RAX)
+        a.jcc("e", mode)
+        a.add_imm(RSI, 1)
+        a.add_imm(RDI, 1)
+        a.jmp(f"{mode}_next")
+        a.label(f"{mode}_differs")
+    a.label("usage")
+    a.mov_imm(RDI, EXIT_USAGE)
+    a.jmp("exit")
+
+    a.label("bind")
+    for index in range(len(JAIL_BINDS)):
+        a.syscall("mount", s(f"bind_source_{index}"), s(f"bind_target_{index}"), 0, _MS_BIND, 0)
+        a.test(RAX)
+        a.jcc("ne", "bind_failed")
+    a.mov_imm(RDI, 0)
+    a.jmp("exit")
+    a.label("bind_failed")
+    a.mov_imm(RDI, EXIT_BIND)
+    a.jmp("exit")
+
+    a.label("run")
+    a.cmp_imm(R12, 4)
+    a.jcc("l", "usage")
+    # The uid: 1 to 10 decimal digits, 1 .. 2^32 - 2.
+    a.load(RSI, R13, 16)
+    a.mov_imm(R15, 0)
+    a.mov_imm(RBX, 0)
+    a.label("digit")
+    a.load_byte(RAX, RSI, 0)
+    a.test(RAX)
+    a.jcc("e", "parsed")
+    a.sub_imm(RAX, ord("0"))
+    a.cmp_imm(RAX, 9)
+    a.jcc("a", "usage")
+    a.imul_imm(R15, R15, 10)
+    a.add(R15, RAX)
+    a.add_imm(RSI, 1)
+    a.add_imm(RBX, 1)
+    a.cmp_imm(RBX, 10)
+    a.jcc("g", "usage")
+    a.jmp("digit")
+    a.label("parsed")
+    a.test(RBX)
+    a.jcc("e", "usage")
+    a.test(R15)
+    a.jcc("e", "usage")  # never root
+    a.mov_imm(RAX, 0)
+    a.sub_imm(RAX, 1)  # rax = 2^64 - 1
+    a.shr_imm(RAX, 32)  # rax = 2^32 - 1, which is no uid
+    a.cmp(R15, RAX)
+    a.jcc("ae", "usage")
+
+    a.syscall("unshare", _CLONE_NEWPID)
+    a.test(RAX)
+    a.jcc("ne", "unshare_failed")
+
+    def rsp_into_rdi() -> None:
+        a.mov(RDI, RSP)
+
+    a.syscall("pipe2", rsp_into_rdi, _O_CLOEXEC)
+    a.test(RAX)
+    a.jcc("ne", "unshare_failed")
+    a.call("detach_proc")
+    a.syscall("fork")
+    a.test(RAX)
+    a.jcc("s", "unshare_failed")
+    a.jcc("e", "init")
+
+    # The jail: wait for the init, take the namespace's proc off, end as the program did.
+    a.mov(RBP, RAX)
+    a.load(RBX, RSP, 0, wide=False)  # the pipe's read end
+    a.call("close_all_but_rbx")
+    a.label("wait_init")
+    a.mov(RDI, RBP)
+    a.lea(RSI, RSP, 8)
+    a.mov_imm(RDX, 0)
+    a.mov_imm(R10, 0)
+    a.mov_imm(RAX, _SYSCALLS["wait4"])
+    a.emit(b"\x0f\x05")
+    a.cmp_imm(RAX, -_EINTR)
+    a.jcc("e", "wait_init")
+    a.call("detach_proc")
+    a.mov(RDI, RBX)
+    a.lea(RSI, RSP, 8)
+    a.mov_imm(RDX, 4)
+    a.mov_imm(RAX, _SYSCALLS["read"])
+    a.emit(b"\x0f\x05")
+    a.cmp_imm(RAX, 4)
+    a.jcc("ne", "lost")
+    a.load(R12, RSP, 8, wide=False)
+    a.mov(RAX, R12)
+    a.and_imm(RAX, 0x7F)
+    a.jcc("ne", "signaled")
+    a.mov(RDI, R12)
+    a.shr_imm(RDI, 8)
+    a.and_imm(RDI, 0xFF)
+    a.jmp("exit")
+    a.label("signaled")
+    a.mov(R12, RAX)
+    a.syscall("getpid")
+    a.mov(RDI, RAX)
+    a.mov(RSI, R12)
+    a.mov_imm(RAX, _SYSCALLS["kill"])
+    a.emit(b"\x0f\x05")
+    a.mov(RDI, R12)
+    a.add_imm(RDI, 128)
+    a.jmp("exit")
+    a.label("lost")
+    a.mov_imm(RDI, EXIT_LOST)
+    a.jmp("exit")
+    a.label("unshare_failed")
+    a.mov_imm(RDI, EXIT_UNSHARE)
+    a.jmp("exit")
+
+    # The init: pid 1 of the new namespace, still root.
+    a.label("init")
+    a.syscall("prctl", _PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+    a.syscall("mount", s("proc"), s("proc_dir"), s("proc"), _MS_PROC, 0)
+    a.test(RAX)
+    a.jcc("ne", "init_failed")
+    a.syscall("chroot", s("root"))
+    a.test(RAX)
+    a.jcc("ne", "init_failed")
+    a.syscall("chdir", s("slash"))
+    a.test(RAX)
+    a.jcc("ne", "init_failed")
+    a.syscall("fork")
+    a.test(RAX)
+    a.jcc("s", "init_failed")
+    a.jcc("e", "program")
+    a.mov(RBP, RAX)
+    a.load(RBX, RSP, 4, wide=False)  # the pipe's write end
+    a.call("close_all_but_rbx")
+    a.label("reap")
+    a.mov_imm(RDI, -1)
+    a.lea(RSI, RSP, 8)
+    a.mov_imm(RDX, 0)
+    a.mov_imm(R10, 0)
+    a.mov_imm(RAX, _SYSCALLS["wait4"])
+    a.emit(b"\x0f\x05")
+    a.cmp(RAX, RBP)
+    a.jcc("e", "reported")
+    a.test(RAX)
+    a.jcc("ns", "reap")  # an orphan of the run, reaped
+    a.cmp_imm(RAX, -_EINTR)
+    a.jcc("e", "reap")
+    a.label("init_failed")
+    a.mov_imm(RDI, EXIT_LOST)
+    a.jmp("exit")
+    a.label("reported")
+    a.mov(RDI, RBX)
+    a.lea(RSI, RSP, 8)
+    a.mov_imm(RDX, 4)
+    a.mov_imm(RAX, _SYSCALLS["write"])
+    a.emit(b"\x0f\x05")
+    a.mov_imm(RDI, 0)
+    a.jmp("exit")
+
+    # The program's process: the sandbox uid, in /workspace, then the program.
+    a.label("program")
+    a.syscall("setgroups", 0, 0)
+    a.test(RAX)
+    a.jcc("ne", "setup_failed")
+
+    def uid_into(register: int) -> Callable[[], None]:
+        return lambda: a.mov(register, R15)
+
+    a.syscall("setgid", uid_into(RDI))
+    a.test(RAX)
+    a.jcc("ne", "setup_failed")
+    a.syscall("setuid", uid_into(RDI))
+    a.test(RAX)
+    a.jcc("ne", "setup_failed")
+    a.syscall("chdir", s("workspace"))
+    a.test(RAX)
+    a.jcc("ne", "setup_failed")
+    a.load(RDI, R13, 24)
+    a.lea(RSI, R13, 24)
+    a.mov(RDX, R14)
+    a.mov_imm(RAX, _SYSCALLS["execve"])
+    a.emit(b"\x0f\x05")
+    a.mov_imm(RDI, EXIT_EXEC)
+    a.jmp("exit")
+    a.label("setup_failed")
+    a.mov_imm(RDI, EXIT_SETUP)
+
+    a.label("exit")  # exit_group(rdi)
+    a.mov_imm(RAX, _SYSCALLS["exit_group"])
+    a.emit(b"\x0f\x05")
+
+    # close(fd) for every fd below _MAX_FD but rbx. Uses r8.
+    a.label("close_all_but_rbx")
+    a.mov_imm(R8, 0)
+    a.label("close_next")
+    a.cmp(R8, RBX)
+    a.jcc("e", "close_skip")
+    a.mov(RDI, R8)
+    a.mov_imm(RAX, _SYSCALLS["close"])
+    a.emit(b"\x0f\x05")
+    a.label("close_skip")
+    a.add_imm(R8, 1)
+    a.cmp_imm(R8, _MAX_FD)
+    a.jcc("b", "close_next")
+    a.ret()
+
+    # While a proc is what lies at proc_dir, umount2(proc_dir, MNT_DETACH), at most _PROC_UNMOUNTS times. gVisor
+    # unmounts the mount that holds a path which is no mount point of its own, so the file system's type is asked
+    # first: below the procs lies the bound root. Uses r8; the caller's stack is one return address deeper.
+    a.label("detach_proc")
+    a.mov_imm(R8, _PROC_UNMOUNTS)
+    a.label("detach_next")
+
+    def statfs_buffer() -> None:
+        a.lea(RSI, RSP, _STATFS_AT + 8)
+
+    a.syscall("statfs", s("proc_dir"), statfs_buffer)
+    a.test(RAX)
+    a.jcc("ne", "detach_done")
+    a.load(RAX, RSP, _STATFS_AT + 8)
+    a.cmp_imm(RAX, _PROC_SUPER_MAGIC)
+    a.jcc("ne", "detach_done")
+    a.syscall("umount2", s("proc_dir"), _MNT_DETACH)
+    a.test(RAX)
+    a.jcc("ne", "detach_done")
+    a.sub_imm(R8, 1)
+    a.jcc("ne", "detach_next")
+    a.label("detach_done")
+    a.ret()
+    return a.resolve()
+
+
+def jail_architectures() -> tuple[str, ...]:
+    """The machine names (as ``uname -m`` gives them) the jail is written for."""
+    return ("x86_64",)
+
+
+def jail_program(architecture: str) -> bytes | None:
+    """The jail for ``architecture``; ``None`` for one it is not written for."""
+    if architecture != "x86_64":
+        return None
+    strings, offsets = _strings()
+    # Two passes: the code's length places the strings, and the strings' addresses are immediates of fixed size.
+    code = _x86_64_code(lambda name: 0)
+    base = LOAD_ADDRESS + _HEADERS + len(code)
+    code = _x86_64_code(lambda name: base + offsets[name])
+    if base != LOAD_ADDRESS + _HEADERS + len(code):
+        raise ValueError("the jail's code changed length between its two passes")
+    body = code + strings
+    size = _HEADERS + len(body)
+    entry = LOAD_ADDRESS + _HEADERS
+    header = struct.pack(
+        "<4sBBBBB7xHHIQQQIHHHHHH",
+        b"\x7fELF", 2, 1, 1, 0, 0,  # 64-bit, little-endian, version 1, System V ABI
+        2, 62, 1,  # ET_EXEC, x86_64
+        entry, _EHDR, 0, 0, _EHDR, _PHDR, 2, 64, 0, 0,
+    )  # fmt: skip
+    load = struct.pack("<IIQQQQQQ", 1, 4 | 1, 0, LOAD_ADDRESS, LOAD_ADDRESS, size, size, 0x1000)  # PT_LOAD, R+X
+    stack = struct.pack("<IIQQQQQQ", 0x6474E551, 4 | 2, 0, 0, 0, 0, 0, 16)  # PT_GNU_STACK, RW: no executable stack
+    return header + load + stack + body
