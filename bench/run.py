@@ -128,6 +128,8 @@ RUNTIME = ["/usr/local/bin/node"]
 """The runtime binary the floor execs: under gVisor, its readable copy (set in ``main``)."""
 ENV: dict[str, str] = dict(ENVIRONMENT)
 GVISOR = [False]
+EVALUATES = [True]
+"""Whether the trust model in force keeps an evaluation context (all but gVisor's engine-only one)."""
 """Whether the runtime in force is gVisor (set in ``main``)."""
 
 
@@ -207,7 +209,7 @@ def _server_params(warm_pool: int, state: Path | None = None, *, verbose: bool =
 
 
 async def mcp_surface(iterations: int, warm_pool: int) -> dict[str, list[float]]:
-    evaluates = not GVISOR[0]  # refused under gVisor's engine-only trust model
+    evaluates = EVALUATES[0]  # refused under gVisor's engine-only trust model
     names = ["create_sandbox", "write_files 1 small", "write_files 100 x 10 KiB", "run_javascript hello", "read_file",
              "run_javascript hello again",
              *(["evaluate_javascript first", "evaluate_javascript follow-up"] if evaluates else []),
@@ -456,6 +458,8 @@ def main() -> None:
     engine = DockerEngine.for_settings(load_settings())
     runtime = engine.runtime_in_force()
     GVISOR[0] = runtime.user_space_kernel
+    model = runtime.trust_model(jailed_runs=profile.info.jailed_runs, architecture=engine.daemon_facts().architecture)
+    EVALUATES[0] = model != "engine-only"
     RUNTIME[:] = runtime_argv(engine, profile, RUNTIME)
     ENV.update(fixed_environment(user_space_kernel=runtime.user_space_kernel))
     image = engine.image_facts(profile.image_spec().tag)
@@ -500,7 +504,7 @@ def main() -> None:
         "mcp: execute_javascript (pool on)": (mcp_warm["execute_javascript"], "create+exec+remove"),
         "cold: spawn to first execute_javascript": (cold["spawn to first execute_javascript"], "create+exec+remove"),
     }
-    if not GVISOR[0]:
+    if EVALUATES[0]:
         ratios["mcp: evaluate_javascript first"] = (mcp_cold["evaluate_javascript first"], "exec node -e 0")
         ratios["mcp: evaluate_javascript follow-up"] = (mcp_cold["evaluate_javascript follow-up"], "exec node -e 0")
     for name, (stats, floor_name) in ratios.items():
@@ -512,11 +516,11 @@ def main() -> None:
         report.append(f"{name:<36} {stats['p50_ms']:8.1f} {stats['p95_ms']:8.1f}  {tail}")
     follow_up = (
         mcp_cold["evaluate_javascript follow-up"]["p50_ms"] / mcp_cold["run_javascript hello"]["p50_ms"]
-        if not GVISOR[0] else None
+        if EVALUATES[0] else None
     )  # fmt: skip
     report += [
         "",
-        f"trust model: {runtime.trust_model}",
+        f"trust model: {model}",
         *([f"evaluate_javascript follow-up / run_javascript hello: {follow_up:.2f}x (p50)"] if follow_up else []),
         f"server start-up to initialize reply: {cold['spawn to initialize']['p50_ms']:.0f} ms (p50; target 200 ms)",
         f"initialize reply to tools/list: {cold['initialize to tools/list']['p50_ms']:.0f} ms (p50; target 50 ms)",

@@ -1,5 +1,7 @@
-"""The engine-only trust model (gVisor, ``runsc``): a run is the program itself, watched by the engine; nothing of the
-sandbox uid is believed; after every run the supervisor's survey proves that no process of the uid lives.
+"""The engine-only trust model (gVisor, ``runsc``, for a profile that cannot jail its runs, or a machine the jail is not
+written for): a run is the program itself, watched by the engine; nothing of the sandbox uid is believed; after every
+run the supervisor's survey proves that no process of the uid lives. It is still the JavaScript profile's model under
+gVisor (its jailed runs are tested in ``tests/test_jailed.py``), and the Python example's.
 
 Each attack here is user code that tries to outlive its run or to make the host report what it did not produce: it
 forks, detaches, stops itself, renames itself, floods the process table, stops the kill, or prints a runner's
@@ -30,6 +32,7 @@ from code_sandbox.settings import Settings
 from tests.conftest import WORKER_TAG
 from tests.security.conftest import assert_nothing_outlives_the_run, gvisor_processes
 from tests.support.inspect import memory_usage
+from tests.support.profiles import with_jailed_runs
 from tests.support.runtimes import runtime_engine
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
@@ -43,7 +46,8 @@ def gvisor() -> Iterator[DockerEngine]:
 @pytest.fixture
 async def manager(gvisor: DockerEngine, profile: Profile, image_id: str) -> AsyncIterator[SessionManager]:
     del image_id
-    manager = SessionManager(gvisor, profile, Settings(max_sessions=4, default_timeout=10, max_timeout=60))
+    settings = Settings(max_sessions=4, default_timeout=10, max_timeout=60)
+    manager = SessionManager(gvisor, with_jailed_runs(profile, False), settings)
     yield manager
     await manager.shutdown()
 
@@ -220,9 +224,11 @@ async def test_evaluation_is_refused_with_a_stable_code_and_its_description_says
         await evaluate_code(manager, session.id, "1 + 1", timeout_seconds=5, reset=False)
     assert caught.value.code == ErrorCode.NOT_SUPPORTED
     assert len(manager) == 1  # refused before anything touched the sandbox
-    text = evaluate_tool_description(Settings(runtime="runsc"), profile)
+    text = evaluate_tool_description(Settings(runtime="runsc"), with_jailed_runs(profile, False))
     assert text.startswith("Not available on this server") and "NOT_SUPPORTED" in text
-    assert "NOT_SUPPORTED" not in evaluate_tool_description(Settings(), profile)
+    assert "NOT_SUPPORTED" not in evaluate_tool_description(Settings(), with_jailed_runs(profile, False))
+    jailed = with_jailed_runs(profile, True)  # a profile whose runs are jailed evaluates under gVisor too
+    assert "NOT_SUPPORTED" not in evaluate_tool_description(Settings(runtime="runsc"), jailed)
 
 
 async def test_no_process_of_the_sandbox_uid_lives_between_calls(manager: SessionManager, session: Session) -> None:

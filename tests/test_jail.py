@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import json
 import platform
+import random
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from code_sandbox.channel.transport import runtime_argv
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import LineRequest
 from code_sandbox.errors import ErrorCode, SandboxError
-from code_sandbox.hardening import readable_runtime
+from code_sandbox.hardening import SANDBOX_UIDS, ContainerRequest, readable_runtime
 from code_sandbox.image.jail import EXIT_USAGE, JAIL_PATH, jail_program
 from code_sandbox.profile import Profile
-from code_sandbox.sandbox.sessions import Session, SessionManager
-from code_sandbox.settings import Settings
 
 from tests.conftest import WORKER_TAG
 from tests.support.runtimes import runtime_engine
@@ -51,32 +51,36 @@ require('child_process').spawn(process.execPath, ['-e', 'setInterval(() => {}, 1
 process.exit(7);
 """
 
-# The supervisor's side, as root with the runtime kernel's every capability: bind once, then jail the probe, a
-# program killed by a signal, and one whose jail is killed; after each, no process of the uid may be left, and after
-# the next run only the container's own proc is mounted.
+# The supervisor's side, as root with the runtime kernel's every capability: bind once, then jail the probe (whose
+# leftover lives on until killed), a program killed by a signal, and one whose jail's group is killed; after each, no
+# process of the uid may be left, and after the next run only the container's own proc and that run's are mounted.
 SUPERVISOR = r"""
 const cp = require('child_process');
 const fs = require('fs');
 const [jail, uid, node, probe] = process.argv.slice(1);
 const env = { PATH: '/usr/local/bin', HOME: '/workspace' };
 const owned = new RegExp(`Uid:\\s+${uid}\\s`);
-const ofUid = () => fs.readdirSync('/proc').filter((n) => /^[0-9]+$/.test(n)).filter((p) => {
+const uidPids = () => fs.readdirSync('/proc').filter((n) => /^[0-9]+$/.test(n)).filter((p) => {
   try { return owned.test(fs.readFileSync(`/proc/${p}/status`, 'utf8')); } catch { return false; }
-}).length;
+});
+const ofUid = () => uidPids().length;
 const settle = () => { for (let i = 0; i < 100 && ofUid() > 0; i++) cp.spawnSync(node, ['-e', '0']); return ofUid(); };
 const bound = cp.spawnSync(jail, ['bind']).status;
 const probed = cp.spawnSync(jail, ['run', uid, node, '-e', probe], { env, encoding: 'utf8' });
+const leftAfterProbe = ofUid(); // the detached child: its namespace lives on for the supervisor to count it
+for (const pid of uidPids()) process.kill(Number(pid), 'SIGKILL');
 const afterProbe = settle();
 const killed = cp.spawnSync(jail, ['run', uid, node, '-e', 'process.kill(process.pid, "SIGTERM")'], { env });
-const child = cp.spawn(jail, ['run', uid, node, '-e', 'setInterval(() => {}, 1000)'], { env, stdio: 'ignore' });
+const child = cp.spawn(jail, ['run', uid, node, '-e', 'setInterval(() => {}, 1000)'], {
+  env, stdio: 'ignore', detached: true });
 setTimeout(() => {
-  child.kill('SIGKILL');
+  process.kill(-child.pid, 'SIGKILL'); // the jail's group: the jail and its init, whose end ends the namespace
   child.once('exit', () => {
     const afterKill = settle();
-    cp.spawnSync(jail, ['run', uid, node, '-e', '0'], { env }); // takes off the proc a killed jail left mounted
+    cp.spawnSync(jail, ['run', uid, node, '-e', '0'], { env }); // takes off the proc the killed jail left mounted
     const mounts = fs.readFileSync('/proc/mounts', 'utf8').split('\n').filter((l) => l.includes(' proc ')).length;
     console.log(JSON.stringify({
-      bound, probe: JSON.parse(probed.stdout), probeExit: probed.status, afterProbe,
+      bound, probe: JSON.parse(probed.stdout), probeExit: probed.status, leftAfterProbe, afterProbe,
       killedBy: killed.signal, afterKill, supervisor: process.pid, procMounts: mounts,
     }));
   });
@@ -87,8 +91,9 @@ setTimeout(() => {
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the jail is written for x86_64 machines")
 @pytest.mark.parametrize(
     "arguments",
-    [[], ["bind-me-not"], ["b"], ["runs", "1", "/x"], ["ru", "1", "/x"], ["run"], ["run", "1879048200"], ["run", "0", "/x"], ["run", "12a", "/x"],
-     ["run", "", "/x"], ["run", "99999999999", "/x"], ["run", "4294967295", "/x"], ["other", "1", "/x"]],
+    [[], ["bind-me-not"], ["b"], ["runs", "1", "/x"], ["ru", "1", "/x"], ["run"], ["run", "1879048200"],
+     ["run", "0", "/x"], ["run", "12a", "/x"], ["run", "", "/x"], ["run", "99999999999", "/x"],
+     ["run", "4294967295", "/x"], ["other", "1", "/x"]],
 )  # fmt: skip
 def test_a_malformed_call_is_refused_before_the_jail_asks_the_kernel_for_anything(
     tmp_path: Path, arguments: list[str]
@@ -109,22 +114,26 @@ def gvisor() -> Iterator[DockerEngine]:
 
 
 @pytest.fixture
-async def session(gvisor: DockerEngine, profile: Profile, image_id: str) -> AsyncIterator[tuple[Session, Profile]]:
-    del image_id
-    manager = SessionManager(gvisor, profile, Settings(max_sessions=1))
-    yield await manager.create(), profile
-    await manager.shutdown()
+def sandbox(gvisor: DockerEngine, profile: Profile, image_id: str) -> Iterator[tuple[str, int]]:
+    """A container made as a sandbox is under gVisor, with nothing of ours started in it but the watchdog."""
+    uid = random.choice(SANDBOX_UIDS)  # noqa: S311 - a test's pick, not a secret
+    watchdog = runtime_argv(gvisor, profile, [*profile.helper_argv("watchdog"), "600"])
+    request = ContainerRequest(image_id, watchdog, {}, gvisor.daemon_facts().apparmor, uid=uid)
+    container_id = gvisor.create_container(request)
+    try:
+        yield container_id, uid
+    finally:
+        gvisor.remove_container(container_id)
 
 
 @pytest.mark.docker
-@pytest.mark.anyio
-async def test_a_jailed_program_sees_and_reaches_only_its_own_run_and_ends_as_it_did(
-    gvisor: DockerEngine, session: tuple[Session, Profile]
+def test_a_jailed_program_sees_and_reaches_only_its_own_run_and_ends_as_it_did(
+    gvisor: DockerEngine, profile: Profile, sandbox: tuple[str, int]
 ) -> None:
-    sandbox, profile = session
+    container_id, uid = sandbox
     node = readable_runtime(profile.image_spec().runtime_path)
-    argv = [node, "-e", SUPERVISOR, JAIL_PATH, str(sandbox.uid), node, PROBE]
-    held = gvisor.open_exec(sandbox.container_id, argv, user="0:0", privileged=True)
+    argv = [node, "-e", SUPERVISOR, JAIL_PATH, str(uid), node, PROBE]
+    held = gvisor.open_exec(container_id, argv, user="0:0", privileged=True)
     try:
         report = json.loads(held.read_line(LineRequest(time.monotonic() + 60, max_stdout=65536, max_stderr=65536)))
     finally:
@@ -136,12 +145,13 @@ async def test_a_jailed_program_sees_and_reaches_only_its_own_run_and_ends_as_it
     init = probe["reach"]["1"]
     assert init["fds"] == 1 and init["opened"] == []  # the init keeps one pipe to the jail, which it cannot open
     assert (init["mem"], init["signal"]) == ("EACCES", "EPERM")
-    assert (probe["uid"], probe["gid"], probe["caps"]) == (sandbox.uid, sandbox.uid, "0000000000000000")
+    assert (probe["uid"], probe["gid"], probe["caps"]) == (uid, uid, "0000000000000000")
     assert probe["cwd"] == "/workspace" and "usr" in probe["root"]
-    assert report["afterProbe"] == 0, "the detached child outlived its run"
+    assert report["leftAfterProbe"] == 1, "the run's leftover did not live on to be counted"
+    assert report["afterProbe"] == 0, "the leftover could not be killed"
     assert report["killedBy"] == "SIGTERM"
-    assert report["afterKill"] == 0, "killing the jail left its run alive"
-    assert report["procMounts"] == 1, "a run's proc was left mounted"
+    assert report["afterKill"] == 0, "killing the jail's group left its run alive"
+    assert report["procMounts"] == 2, "beside the container's own proc, only the last jail's may stay mounted"
 
 
 @pytest.mark.docker

@@ -31,6 +31,7 @@ from code_sandbox.settings import SettingsError, load_settings
 from tests.conftest import WORKER_TAG
 from tests.support.forwarding_engine import ForwardingEngine
 from tests.support.inspect import inspect_container
+from tests.support.profiles import with_jailed_runs
 from tests.support.run import command_env
 from tests.support.runtimes import runtime_engine
 
@@ -90,21 +91,33 @@ def test_the_default_runtime_is_the_engines_and_every_container_is_labelled_with
         engine.remove_container(container)
 
 
-def test_doctor_says_gvisor_is_in_force_names_the_engine_only_trust_model_and_its_probe_runs(
+def test_doctor_says_gvisor_is_in_force_names_the_trust_model_and_its_probe_runs(
     gvisor: DockerEngine, profile: Profile, image_id: str
 ) -> None:
     """Under gVisor the probe runs the runtime's readable copy (gVisor cannot execute the unreadable one), and doctor
-    names the trust model in force (SECURITY.md, "Under gVisor")."""
+    names the trust model in force (SECURITY.md, "Under gVisor"): jailed runs for a profile whose runner jails them,
+    engine-only for one whose runner cannot."""
     del image_id
     findings = {finding.name: finding for finding in run_doctor(gvisor, profile, {"CODE_SANDBOX_RUNTIME": "runsc"})}
     assert findings["runtime"].passed and "gVisor" in findings["runtime"].detail
     assert "trust model: engine-only" in findings["runtime"].detail
+    jailed = with_jailed_runs(profile, True)
+    findings = {finding.name: finding for finding in run_doctor(gvisor, jailed, {"CODE_SANDBOX_RUNTIME": "runsc"})}
+    assert "trust model: jailed runs" in findings["runtime"].detail
     assert findings["hardening enforced"].passed, findings["hardening enforced"].detail
 
 
-def test_doctor_names_the_sealed_helpers_trust_model_under_runc(engine: DockerEngine, profile: Profile) -> None:
-    findings = {finding.name: finding for finding in run_doctor(engine, profile, {})}
+def test_doctor_names_the_sealed_helpers_trust_model_under_runc_and_recommends_registered_gvisor(
+    engine: DockerEngine, gvisor: DockerEngine, profile: Profile
+) -> None:
+    del gvisor  # runsc is registered (the fixture fails in CI, and skips elsewhere, when it is not)
+    findings = {finding.name: finding for finding in run_doctor(engine, with_jailed_runs(profile, True), {})}
     assert "trust model: sealed helpers" in findings["runtime"].detail
+    advice = findings["runtime"].fix or ""
+    assert findings["runtime"].detail.endswith("gVisor's runsc is registered")
+    assert advice.startswith("recommended: set CODE_SANDBOX_RUNTIME=runsc") and "every tool works" in advice
+    findings = {finding.name: finding for finding in run_doctor(engine, with_jailed_runs(profile, False), {})}
+    assert "engine-only model" in (findings["runtime"].fix or "")  # what this profile would get there, said first
 
 
 def test_doctor_names_the_engines_runtimes_when_the_one_asked_for_is_missing(profile: Profile) -> None:
@@ -126,7 +139,7 @@ def test_doctor_explains_how_to_register_runsc_when_it_is_installed_but_not(engi
             return replace(super().daemon_facts(), runtimes={"runc": "runc"})
 
     findings: list[Finding] = []
-    assert _check_runtime(findings, Unregistered(engine), local=True, runsc="/usr/bin/runsc")
+    assert _check_runtime(findings, Unregistered(engine), local=True, jailed_runs=True, runsc="/usr/bin/runsc")
     assert findings[0].passed and findings[0].fix is not None
     assert '"runtimeArgs": ["--network=none"]' in findings[0].fix and "daemon.json" in findings[0].fix
 

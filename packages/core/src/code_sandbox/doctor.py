@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from code_sandbox.channel.protocol import ProbeAnswer, ProtocolViolation, parse_message
 from code_sandbox.channel.transport import runtime_argv
 from code_sandbox.docker_engine import HTTP_IGNORES_TLS, DockerEngine, EngineAddress
-from code_sandbox.engine import TRUST_MODELS, Engine, ExecRequest
+from code_sandbox.engine import TRUST_MODELS, Engine, ExecRequest, RuntimeFacts, TrustModel
 from code_sandbox.errors import SandboxError
 from code_sandbox.hardening import LABEL_EXPIRES_AT, LABEL_MANAGED, PROBE_UID, ContainerRequest, Hardening, user_of
 from code_sandbox.image import verify_image
@@ -41,7 +41,8 @@ def run_doctor(engine: DockerEngine, profile: Profile | None, environ: dict[str,
     findings: list[Finding] = []
     settings = _check_settings(findings, environ)
     docker_ok = _check_docker(findings, engine)
-    runtime_ok = docker_ok and _check_runtime(findings, engine, local=engine.address.local)
+    jailed = profile is not None and profile.info.jailed_runs
+    runtime_ok = docker_ok and _check_runtime(findings, engine, local=engine.address.local, jailed_runs=jailed)
     if docker_ok and settings is not None:
         _check_capacity(findings, engine, settings)
     if runtime_ok and profile is not None:
@@ -171,7 +172,21 @@ GVISOR_REGISTRATION = (
 container that has no network namespace of its own to configure."""
 
 
-def _check_runtime(findings: list[Finding], engine: Engine, *, local: bool, runsc: str | None = None) -> bool:
+GVISOR_ADVICE: dict[TrustModel, str] = {
+    "jailed runs": "recommended: set CODE_SANDBOX_RUNTIME=runsc. gVisor's kernel then stands between sandboxes and "
+    "this host's, and counts what a sandbox holds in it against its memory; every tool works (jailed runs), each "
+    'call costs more, cpu_ms and peak_memory_bytes are null (README, "Stronger isolation with gVisor")',
+    "engine-only": "set CODE_SANDBOX_RUNTIME=runsc for gVisor's kernel between sandboxes and this host's: this "
+    "profile gets the engine-only model there (no evaluation, no warm pool; README, "
+    '"Stronger isolation with gVisor")',
+    "sealed helpers": "",
+}
+"""What ``doctor`` advises where runsc is registered but not in force, by the trust model it would bring."""
+
+
+def _check_runtime(
+    findings: list[Finding], engine: Engine, *, local: bool, jailed_runs: bool, runsc: str | None = None
+) -> bool:
     try:
         runtime = engine.runtime_in_force()
     except SandboxError as error:
@@ -181,7 +196,8 @@ def _check_runtime(findings: list[Finding], engine: Engine, *, local: bool, runs
             )
         )
         return False
-    trust = f"; trust model: {TRUST_MODELS[runtime.trust_model]}"
+    model = runtime.trust_model(jailed_runs=jailed_runs, architecture=engine.daemon_facts().architecture)
+    trust = f"; trust model: {TRUST_MODELS[model]}"
     if runtime.user_space_kernel:
         findings.append(
             Finding(
@@ -196,6 +212,11 @@ def _check_runtime(findings: list[Finding], engine: Engine, *, local: bool, runs
         findings.append(
             Finding("runtime", True, detail + "; gVisor's runsc is installed but not registered", GVISOR_REGISTRATION)
         )
+    elif registered and not engine.daemon_facts().podman:
+        gvisor = RuntimeFacts("runsc", "runsc").trust_model(
+            jailed_runs=jailed_runs, architecture=engine.daemon_facts().architecture
+        )
+        findings.append(Finding("runtime", True, detail + "; gVisor's runsc is registered", GVISOR_ADVICE[gvisor]))
     else:
         findings.append(Finding("runtime", True, detail))
     return True

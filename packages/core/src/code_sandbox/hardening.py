@@ -62,6 +62,11 @@ the runtime's ELF header in place of the original one, and a sibling of ``lib`` 
 that finds its library by its own location (Python's ``lib/python3.x``) looks."""
 READABLE_LOADER = f"{READABLE_RUNTIME_DIR}/ld.so"
 """The readable copy of the runtime's ELF interpreter, which the readable runtime names as its own."""
+JAIL_ARCHITECTURES = ("x86_64",)
+"""The machines (as ``uname -m`` names them) for which images hold the jail (:mod:`code_sandbox.image.jail`), which
+starts each run under gVisor in a PID namespace of its own. Elsewhere gVisor's sandboxes keep the engine-only model."""
+ROOT_USER = "0:0"
+"""Runs the jailed channel under gVisor (``runner --channel --jailed``), privileged in gVisor's kernel only."""
 
 
 def environment(*, user_space_kernel: bool) -> dict[str, str]:

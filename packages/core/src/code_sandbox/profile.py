@@ -45,6 +45,9 @@ class ProfileInfo:
     :param evaluate_tool_name: the MCP tool that evaluates code in a session's persistent context (its runner
         implements the protocol's ``evaluate``), e.g. ``evaluate_lua``; ``None`` when the profile has none.
     :param evaluate_tool_description: that tool's text, with the same placeholders as ``run_tool_description``.
+    :param jailed_runs: whether its runner can serve the channel jailed under gVisor (``runner --channel --jailed``:
+        root in gVisor's kernel, starting every program through :data:`~code_sandbox.image.jail.JAIL_PATH`); without it
+        gVisor's sandboxes keep the engine-only model (SECURITY.md).
     """
 
     name: str
@@ -60,6 +63,7 @@ class ProfileInfo:
     ignored_directories: frozenset[str] = frozenset()
     evaluate_tool_name: str | None = None
     evaluate_tool_description: str = ""
+    jailed_runs: bool = False
 
 
 @dataclass(frozen=True)

@@ -281,8 +281,7 @@ class ChannelTransport(Transport):
                 self._opened.add(target)
             if known is not None and not known[0].closed:
                 return known[0]
-            argv = [*self.execs.helper_argv("runner"), "--channel"]
-            opened = self.engine.open_exec(target.container, argv, user=target.user)
+            opened = self._open_channel(target)
             try:
                 deadline = time.monotonic() + OPEN_SECONDS
                 hello = parse_message(
@@ -295,6 +294,11 @@ class ChannelTransport(Transport):
             self._set_waiting(target, hello.next_after)  # a new channel's own, or none
         self._open_supervisor_soon(target.container)
         return opened
+
+    def _open_channel(self, target: Target) -> ExecStream:
+        """Start the target's channel, as the sandbox uid (a subclass may start it otherwise)."""
+        argv = [*self.execs.helper_argv("runner"), "--channel"]
+        return self.engine.open_exec(target.container, argv, user=target.user)
 
     def _survey_line(self, target: Target) -> bytes:
         with self._lock:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from code_sandbox.channel.channels import ChannelTransport
+from code_sandbox.channel.jailed import JailedTransport
 from code_sandbox.channel.protocol import (
     EvaluateAnswer,
     EvaluateRequest,
@@ -72,6 +73,11 @@ class EngineOnlyTransport(ChannelTransport):
 
     def __init__(self, engine: Engine, profile: Profile) -> None:
         super().__init__(engine, profile, readable_runtime=True)
+
+    def supports_warm_pool(self) -> bool:
+        """No: a warm container is readied for its claim with ``runner --watchdog-ready`` run as the sandbox uid, which
+        this model believes nothing of."""
+        return False
 
     def prepare(self, target: Target) -> None:
         """Open the supervisor's channel, the only held exec here."""
@@ -342,10 +348,23 @@ def peak_memory(before: Usage | None, after: Usage | None) -> int | None:
     return max(after.memory_peak_bytes - before.memory_bytes, 0)
 
 
+def transport_for(engine: Engine, profile: Profile) -> ChannelTransport:
+    """The transport of the runtime in force (see :class:`RuntimeTransport`).
+
+    :raises SandboxError: the engine cannot say.
+    """
+    model = engine.runtime_in_force().trust_model(
+        jailed_runs=profile.info.jailed_runs, architecture=engine.daemon_facts().architecture
+    )
+    transport = {"sealed helpers": ChannelTransport, "jailed runs": JailedTransport, "engine-only": EngineOnlyTransport}
+    return transport[model](engine, profile)
+
+
 class RuntimeTransport(Transport):
     """The transport for the runtime the engine runs sandboxes under, chosen at first use (the engine may not answer
-    when the server starts): :class:`ChannelTransport` under the sealed-helpers trust model,
-    :class:`EngineOnlyTransport` under the engine-only one."""
+    when the server starts): :class:`ChannelTransport` under the sealed-helpers trust model; under gVisor
+    :class:`JailedTransport` where the profile's runner and the engine's machine have the jail, else
+    :class:`EngineOnlyTransport`."""
 
     def __init__(self, engine: Engine, profile: Profile) -> None:
         self.engine = engine
@@ -361,8 +380,7 @@ class RuntimeTransport(Transport):
         """
         with self._lock:
             if self._chosen is None:
-                engine_only = self.engine.runtime_in_force().trust_model == "engine-only"
-                self._chosen = (EngineOnlyTransport if engine_only else ChannelTransport)(self.engine, self.profile)
+                self._chosen = transport_for(self.engine, self.profile)
             return self._chosen
 
     def files(
@@ -388,6 +406,9 @@ class RuntimeTransport(Transport):
 
     def supports_evaluation(self) -> bool:
         return self.chosen.supports_evaluation()
+
+    def supports_warm_pool(self) -> bool:
+        return self.chosen.supports_warm_pool()
 
     def evaluate(
         self, target: Target, request: EvaluateRequest, *, timeout: float, on_stderr: StderrSink | None = None

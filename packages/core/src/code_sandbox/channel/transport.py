@@ -124,6 +124,11 @@ class Transport(abc.ABC):
         """Whether :meth:`evaluate` keeps a context between calls (may ask the engine which runtime it uses)."""
         return False
 
+    def supports_warm_pool(self) -> bool:
+        """Whether containers may be started ahead and readied for a claim (may ask the engine which runtime it uses):
+        the claim signals the watchdog, which must be seen ready for it first (:meth:`watchdog_ready`)."""
+        return True
+
     def evaluate(
         self, target: Target, request: EvaluateRequest, *, timeout: float, on_stderr: StderrSink | None = None
     ) -> EvaluateAnswer | Refusal:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
+from code_sandbox.hardening import JAIL_ARCHITECTURES
+
 PODMAN = "Podman Engine"
 """:attr:`DaemonFacts.product` of Podman's Docker-compatible API."""
 
@@ -39,9 +41,11 @@ class DaemonFacts:
         return self.product == PODMAN
 
 
-TrustModel = Literal["sealed helpers", "engine-only"]
+TrustModel = Literal["sealed helpers", "jailed runs", "engine-only"]
 TRUST_MODELS: Mapping[TrustModel, str] = {
     "sealed helpers": "sealed helpers: the host's kernel keeps user code out of the helpers that report on its runs",
+    "jailed runs": "jailed runs: gVisor's kernel keeps user code out of a root channel, and each run sees its own "
+    "processes alone",
     "engine-only": "engine-only: the engine reports each run, a supervisor out of user code's reach proves its end, "
     "and nothing of the sandbox's uid is believed",
 }
@@ -61,12 +65,15 @@ class RuntimeFacts:
         """Whether it is gVisor (``runsc``): a kernel in user space between sandboxed code and the host's kernel."""
         return PurePosixPath(self.path).name == "runsc"
 
-    @property
-    def trust_model(self) -> TrustModel:
+    def trust_model(self, *, jailed_runs: bool, architecture: str) -> TrustModel:
         """How the host knows what happened in a sandbox under this runtime (SECURITY.md): ``sealed helpers`` (the
-        host kernel keeps user code out of helpers of its own uid, which report on a run) or ``engine-only`` (under
-        gVisor, whose kernel does not: the engine reports every run, and the supervisor uid proves its end)."""
-        return "engine-only" if self.user_space_kernel else "sealed helpers"
+        host kernel keeps user code out of helpers of its own uid, which report on a run); under gVisor, whose kernel
+        does not, ``jailed runs`` for a profile whose runner jails (``jailed_runs``) on a machine the jail is written
+        for (a root channel starts each run in a PID namespace of its own), else ``engine-only`` (the engine reports
+        every run, and the supervisor uid proves its end)."""
+        if not self.user_space_kernel:
+            return "sealed helpers"
+        return "jailed runs" if jailed_runs and normalise_arch(architecture) in JAIL_ARCHITECTURES else "engine-only"
 
 
 @dataclass(frozen=True)

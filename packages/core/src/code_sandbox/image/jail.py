@@ -6,16 +6,20 @@ process but those of its own run. The supervisor (root in the sandbox, out of re
 kernel) starts every program through this jail:
 
 ``jail bind``
-    once per container: binds the container's root, ``/dev``, ``/workspace`` and ``/tmp`` at :data:`JAIL_ROOT`
+    once per container: binds the container's root, ``/dev`` and the mounts on it, ``/workspace`` and ``/tmp`` at
+    :data:`JAIL_ROOT` (:data:`JAIL_BINDS`)
     (gVisor of 2022 has no mount namespaces: the binds are seen by every process, and change nothing outside).
 ``jail run <uid> <program> [<argument>...]``
-    moves the next child into a new PID namespace; that child (the namespace's init, root) mounts a ``proc`` of the
-    namespace at :data:`JAIL_ROOT`/proc, enters :data:`JAIL_ROOT` (``chroot``), and starts the program as ``<uid>``
-    (groups dropped, gid the same number; gVisor clears every capability as the uid changes), in ``/workspace``,
-    with the jail's own environment. The init closes every descriptor but one pipe, reaps orphans, and when the
-    program ends writes its wait status on that pipe and exits, which ends every other process of the namespace.
-    The jail then unmounts the namespace's ``proc`` and ends as the program did: with its exit code, or killed by
-    the same signal. The init dies with the jail (``PR_SET_PDEATHSIG``), so killing the jail ends the run.
+    takes off the ``proc`` an earlier jail left at :data:`JAIL_PROC`, then moves the next child into a new PID
+    namespace; that child (the namespace's init, root) mounts a ``proc`` of the namespace there, enters
+    :data:`JAIL_ROOT` (``chroot``), and starts the program as ``<uid>`` (in a process group of its own, groups
+    dropped, gid the same number; gVisor clears every capability as the uid changes), in ``/workspace``, with the
+    jail's own environment. The init closes every descriptor but one pipe and reaps; when the program ends it writes
+    the program's wait status on that pipe, and it exits once no child is left, which ends the namespace. The jail
+    ends as soon as it has the status, as the program did: with its exit code, or killed by the same signal. The
+    run's leftovers live on in the namespace until its supervisor kills them (and counts them); killing the jail's
+    process group (the jail and the init) ends the run at once.
+    Only one jail may live at a time: all of them mount their ``proc`` at the one :data:`JAIL_PROC`.
 
 Inside, ``/proc`` lists the init and the run's own processes only. The program is never root: the jail refuses uid 0.
 
@@ -28,7 +32,13 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from code_sandbox.hardening import READABLE_RUNTIME_DIR, SCRATCH_DIR, WORKSPACE_DIR
+from code_sandbox.hardening import (
+    JAIL_ARCHITECTURES,
+    READABLE_RUNTIME_DIR,
+    SCRATCH_DIR,
+    SEALED_DIRS,
+    WORKSPACE_DIR,
+)
 
 JAIL_PATH = f"{READABLE_RUNTIME_DIR}/jail"
 """Where every image built by ``build-image --offline`` holds the jail: root-owned, mode 0500 (gVisor runs only what it
@@ -36,8 +46,13 @@ can read, and no uid but root may run it). Under runc an empty tmpfs lies over i
 JAIL_MODE = 0o500
 JAIL_ROOT = f"{READABLE_RUNTIME_DIR}/root"
 """The empty directory of the image where ``jail bind`` puts the container's root, and every run is jailed."""
-JAIL_BINDS = (("/", JAIL_ROOT), ("/dev", f"{JAIL_ROOT}/dev"), (WORKSPACE_DIR, f"{JAIL_ROOT}{WORKSPACE_DIR}"),
-              (SCRATCH_DIR, f"{JAIL_ROOT}{SCRATCH_DIR}"))  # fmt: skip
+JAIL_BINDS = tuple(
+    (source, JAIL_ROOT + ("" if source == "/" else source))
+    for source in ("/", "/dev", *SEALED_DIRS, WORKSPACE_DIR, SCRATCH_DIR)
+)
+"""Each mount of the container a jail sees, bound at the same place under :data:`JAIL_ROOT`. A bind takes one mount,
+not those on top of it: ``/dev``'s own (what lies over ``/dev/pts`` and ``/dev/mqueue``) are bound again, or the jail
+would see the directories of gVisor's ``/dev`` under them, which anyone may write files into and run them from."""
 JAIL_PROC = f"{JAIL_ROOT}/proc"
 
 EXIT_USAGE = 120
@@ -58,8 +73,7 @@ _O_CLOEXEC = 0o2000000
 _MS_BIND = 0x1000
 _MS_PROC = 2 | 4 | 8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
 _MNT_DETACH = 2
-_PR_SET_PDEATHSIG = 1
-_SIGKILL = 9
+_RLIMIT_NPROC = 6
 _EINTR = 4
 _MAX_FD = 256  # every descriptor below this is closed in the jail and the init, but the status pipe's end
 _PROC_UNMOUNTS = 16  # a run killed before it unmounted leaves its proc: the next one takes up to this many off
@@ -69,8 +83,8 @@ _STACK_BYTES = 160
 
 _SYSCALLS = {
     "read": 0, "write": 1, "close": 3, "getpid": 39, "fork": 57, "execve": 59, "wait4": 61, "kill": 62,
-    "chdir": 80, "setuid": 105, "setgid": 106, "setgroups": 116, "prctl": 157, "chroot": 161, "mount": 165,
-    "statfs": 137, "umount2": 166, "exit_group": 231, "unshare": 272, "pipe2": 293,
+    "chdir": 80, "setuid": 105, "setgid": 106, "setpgid": 109, "setgroups": 116, "prctl": 157, "chroot": 161,
+    "mount": 165, "statfs": 137, "umount2": 166, "exit_group": 231, "unshare": 272, "pipe2": 293, "prlimit64": 302,
 }  # fmt: skip
 
 RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8, R9, R10, R11, R12, R13, R14, R15 = range(16)
@@ -114,6 +128,10 @@ class _X86:
 
     def load(self, dst: int, base: int, disp: int = 0, *, wide: bool = True) -> None:
         self.emit(self._rex(dst, base, wide=wide), b"\x8b", self._mem(dst, base, disp))
+
+    def store(self, base: int, disp: int, src: int) -> None:
+        """``mov [base + disp], r64``."""
+        self.emit(self._rex(src, base), b"\x89", self._mem(src, base, disp))
 
     def load_byte(self, dst: int, base: int, disp: int = 0) -> None:
         """``movzx r32, byte [base + disp]``."""
@@ -190,7 +208,8 @@ class _X86:
 
 def _strings() -> tuple[bytes, dict[str, int]]:
     """The jail's constant strings, NUL-terminated, and each one's offset in the blob."""
-    names = {"bind": "bind", "run": "run", "proc": "proc", "proc_dir": JAIL_PROC, "root": JAIL_ROOT, "slash": "/", "workspace": WORKSPACE_DIR}
+    names = {"bind": "bind", "run": "run", "proc": "proc", "proc_dir": JAIL_PROC, "root": JAIL_ROOT, "slash": "/"}
+    names["workspace"] = WORKSPACE_DIR
     for index, (source, target) in enumerate(JAIL_BINDS):
         names[f"bind_source_{index}"] = source
         names[f"bind_target_{index}"] = target
@@ -292,25 +311,18 @@ def _x86_64_code(string_address: Callable[[str], int]) -> bytes:
     a.jcc("s", "unshare_failed")
     a.jcc("e", "init")
 
-    # The jail: wait for the init, take the namespace's proc off, end as the program did.
-    a.mov(RBP, RAX)
+    # The jail: the program's wait status from the init, then end as the program did. The init lives on while the
+    # run's leftovers do, so that the supervisor counts and kills them; a kill of the jail's group ends the init too.
     a.load(RBX, RSP, 0, wide=False)  # the pipe's read end
     a.call("close_all_but_rbx")
-    a.label("wait_init")
-    a.mov(RDI, RBP)
-    a.lea(RSI, RSP, 8)
-    a.mov_imm(RDX, 0)
-    a.mov_imm(R10, 0)
-    a.mov_imm(RAX, _SYSCALLS["wait4"])
-    a.emit(b"\x0f\x05")
-    a.cmp_imm(RAX, -_EINTR)
-    a.jcc("e", "wait_init")
-    a.call("detach_proc")
+    a.label("read_status")
     a.mov(RDI, RBX)
     a.lea(RSI, RSP, 8)
     a.mov_imm(RDX, 4)
     a.mov_imm(RAX, _SYSCALLS["read"])
     a.emit(b"\x0f\x05")
+    a.cmp_imm(RAX, -_EINTR)
+    a.jcc("e", "read_status")
     a.cmp_imm(RAX, 4)
     a.jcc("ne", "lost")
     a.load(R12, RSP, 8, wide=False)
@@ -340,7 +352,6 @@ def _x86_64_code(string_address: Callable[[str], int]) -> bytes:
 
     # The init: pid 1 of the new namespace, still root.
     a.label("init")
-    a.syscall("prctl", _PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
     a.syscall("mount", s("proc"), s("proc_dir"), s("proc"), _MS_PROC, 0)
     a.test(RAX)
     a.jcc("ne", "init_failed")
@@ -370,20 +381,53 @@ def _x86_64_code(string_address: Callable[[str], int]) -> bytes:
     a.jcc("ns", "reap")  # an orphan of the run, reaped
     a.cmp_imm(RAX, -_EINTR)
     a.jcc("e", "reap")
+    a.mov_imm(RDI, 0)  # no child left (ECHILD): the namespace ends with this exit
+    a.jmp("exit")
     a.label("init_failed")
     a.mov_imm(RDI, EXIT_LOST)
     a.jmp("exit")
-    a.label("reported")
+    a.label("reported")  # the program's status to the jail, once; then on reaping until no child is left
     a.mov(RDI, RBX)
     a.lea(RSI, RSP, 8)
     a.mov_imm(RDX, 4)
     a.mov_imm(RAX, _SYSCALLS["write"])
     a.emit(b"\x0f\x05")
-    a.mov_imm(RDI, 0)
-    a.jmp("exit")
+    a.mov_imm(RBP, 0)
+    a.jmp("reap")
 
-    # The program's process: the sandbox uid, in /workspace, then the program.
+    # The program's process: a process group of its own in the jail's session, the sandbox uid, in /workspace, then
+    # the program. Its group has an ancestor (the init, of the jail's group, in the same session), so it is never an
+    # orphaned group: gVisor sends SIGHUP and SIGCONT to every process of an orphaned group that has a stopped one
+    # whenever any of them exits, which would wake (or end) a paused evaluation context as its children are killed.
     a.label("program")
+    a.syscall("setpgid", 0, 0)
+    a.test(RAX)
+    a.jcc("ne", "setup_failed")
+
+    # gVisor counts a task against its uid's RLIMIT_NPROC by the uid it was made with: this one, made by root, is not
+    # counted, so the program may make one task more than the limit. Both of its values go one down here.
+    def rlimit_buffer() -> None:
+        a.lea(R10, RSP, _STATFS_AT)
+
+    a.syscall("prlimit64", 0, _RLIMIT_NPROC, 0, rlimit_buffer)
+    a.test(RAX)
+    a.jcc("ne", "setup_failed")
+    for offset in (0, 8):  # rlim_cur, rlim_max: above zero and finite (RLIM_INFINITY is all ones), one less
+        a.load(RAX, RSP, _STATFS_AT + offset)
+        a.test(RAX)
+        a.jcc("e", "setup_failed")
+        a.mov_imm(RDX, -1)
+        a.cmp(RAX, RDX)
+        a.jcc("e", "setup_failed")
+        a.sub_imm(RAX, 1)
+        a.store(RSP, _STATFS_AT + offset, RAX)
+
+    def rlimit_new() -> None:
+        a.lea(RDX, RSP, _STATFS_AT)
+
+    a.syscall("prlimit64", 0, _RLIMIT_NPROC, rlimit_new, 0)
+    a.test(RAX)
+    a.jcc("ne", "setup_failed")
     a.syscall("setgroups", 0, 0)
     a.test(RAX)
     a.jcc("ne", "setup_failed")
@@ -455,14 +499,9 @@ def _x86_64_code(string_address: Callable[[str], int]) -> bytes:
     return a.resolve()
 
 
-def jail_architectures() -> tuple[str, ...]:
-    """The machine names (as ``uname -m`` gives them) the jail is written for."""
-    return ("x86_64",)
-
-
 def jail_program(architecture: str) -> bytes | None:
-    """The jail for ``architecture``; ``None`` for one it is not written for."""
-    if architecture != "x86_64":
+    """The jail for ``architecture``; ``None`` for one it is not written for (:data:`JAIL_ARCHITECTURES`)."""
+    if architecture not in JAIL_ARCHITECTURES or architecture != "x86_64":
         return None
     strings, offsets = _strings()
     # Two passes: the code's length places the strings, and the strings' addresses are immediates of fixed size.

@@ -412,7 +412,8 @@ def _verify_run(engine: Engine, profile: Profile, image: ImageFacts, *, apparmor
     except SandboxError as exc:
         report.add("hardened run", False, f"not run: {exc.message}")
         return
-    report.add("trust model", True, TRUST_MODELS[runtime.trust_model])
+    model = runtime.trust_model(jailed_runs=profile.info.jailed_runs, architecture=image.architecture)
+    report.add("trust model", True, TRUST_MODELS[model])
     watchdog = runtime_argv(engine, profile, [*profile.helper_argv("watchdog"), "60"])
     request = ContainerRequest(
         image_id=image.id, command=watchdog, labels=_probe_labels(engine), apparmor=apparmor,

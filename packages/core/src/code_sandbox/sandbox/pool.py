@@ -98,7 +98,7 @@ class WarmPool:
         target = self.provisioner.settings.warm_pool
         if target == 0:
             return
-        if await self._under_gvisor():
+        if await self._no_pool():
             self._none_kept = True
             self._pool_changed.set()  # wakes wait_for_pool
             return
@@ -117,16 +117,15 @@ class WarmPool:
             with anyio.move_on_after(retry_seconds):
                 await self._pool_changed.wait()
 
-    async def _under_gvisor(self) -> bool:
-        """No warm pool under gVisor: a claim signals the watchdog, and whether it is ready for that is read from its
-        signal mask in ``/proc``, which gVisor's kernel does not show (the watchdog would die of an early claim)."""
+    async def _no_pool(self) -> bool:
+        """No warm pool under gVisor's engine-only model (:meth:`Transport.supports_warm_pool`)."""
         try:
-            gvisor = (await run_sync(self.provisioner.engine.runtime_in_force)).user_space_kernel
+            possible = await run_sync(self.provisioner.transport.supports_warm_pool)
         except SandboxError:
             return False  # the engine cannot say yet: refills fail and are retried as any would be
-        if gvisor:
-            logger.info("no warm pool under gVisor: new sandboxes start on demand")
-        return gvisor
+        if not possible:
+            logger.info("no warm pool under gVisor's engine-only model: new sandboxes start on demand")
+        return not possible
 
     async def _add_warm_container(self, pool_seconds: int) -> None:
         self._getting_ready += 1

@@ -55,10 +55,11 @@ GVISOR_RUNTIME = "runsc"
 
 
 def evaluate_tool_description(settings: Settings, profile: Profile, packages: tuple[str, ...] = ()) -> str:
-    """The profile's evaluate tool text, filled in like the run tool's; under gVisor, first the word that it is
-    refused (the engine-only trust model allows no process to live between calls)."""
+    """The profile's evaluate tool text, filled in like the run tool's; under gVisor with a profile that cannot jail
+    its runs, first the word that it is refused (the engine-only trust model allows no process to live between
+    calls)."""
     text = profile_text(settings, profile, profile.info.evaluate_tool_description, packages)
-    if settings.runtime != GVISOR_RUNTIME:
+    if settings.runtime != GVISOR_RUNTIME or profile.info.jailed_runs:
         return text
     return (
         f"Not available on this server (gVisor): calls fail with NOT_SUPPORTED; use {profile.info.run_tool_name}."

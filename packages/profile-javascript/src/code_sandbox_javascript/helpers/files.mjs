@@ -347,7 +347,7 @@ function probe(parts) {
 
 // User code may chmod its own tree; refusing up front beats failing half-way through a write.
 function needOwnerBits(st, bits) {
-  if (st.uid === process.getuid() && (st.mode & bits) !== bits) throw new Refusal('PERMISSION_DENIED');
+  if (st.uid === process.geteuid() && (st.mode & bits) !== bits) throw new Refusal('PERMISSION_DENIED');
 }
 
 // Checks every file before anything is written and returns the entry and byte totals after the write.

@@ -16,15 +16,23 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { FILE_OPERATIONS, fileOperation, stdinTaker } from './files.mjs';
+import { JAILED_PATH, asSandboxUser, enterJail, jailArgv, jailedUid, programOf } from './jail.mjs';
 
 // Nothing is inherited: the host's environment must never reach user code.
 const CHILD_ENV = Object.freeze({ PATH: '/usr/local/bin', HOME: '/workspace', TMPDIR: '/tmp', LANG: 'C.UTF-8' });
+const childEnv = () => (jailedUid() === null ? CHILD_ENV : { ...CHILD_ENV, PATH: JAILED_PATH });
+// How a program's process is started: directly, or (jailed, under gVisor) through the jail, which enters /workspace.
+const startArgv = (argv) => (jailedUid() === null ? argv : jailArgv(argv));
+const startCwd = () => (jailedUid() === null ? '/workspace' : '/');
 const SEAL_PATH = '/usr/local/lib/code-sandbox/seal.so';
 // The next run's process (start.mjs), started ahead of it by the channel. It serves a request whose argv is the
 // runtime (this node), RUN_FLAGS and a script in /workspace: what the profile's run argv always is.
 const START_PATH = new URL('./start.mjs', import.meta.url).pathname;
 const RUN_FLAGS = ['--disable-proto=throw'];
 const CLEANUP_GRACE_MS = 450; // the documented grace: after it, a process still alive means "cleanup failed"
+// Jailed, each process is stopped and killed on its own, each step through gVisor's kernel: a longer grace.
+const JAILED_CLEANUP_GRACE_MS = 2000;
+const cleanupGrace = () => (jailedUid() === null ? CLEANUP_GRACE_MS : JAILED_CLEANUP_GRACE_MS);
 const CLEANUP_PAUSE_MS = 20;
 const DRAIN_MS = 100;
 // The next run's process is started this long after a run's answer: the host asks the supervisor's survey right after
@@ -55,6 +63,7 @@ const MESSAGES = {
   SPAWN_FAILED: 'the command could not be started',
   RUNNING_AS_ROOT: 'the runner refuses to run as root',
   NOT_SEALED: 'the runner refuses to run while other processes of its uid could read its memory',
+  NOT_JAILED: 'the runner cannot jail programs here',
   INTERNAL_ERROR: 'the runner failed',
 };
 const refusal = (code) => ({ ok: false, code, message: MESSAGES[code] });
@@ -219,9 +228,10 @@ function liveUid(status) {
   return livesOn(state, threads) ? Number(statusField(status, 'Uid', '\\d+')) : null;
 }
 
-// Live processes with our real uid, except ourselves. Dead zombies are gone for our purposes; init reaps them.
+// Live processes with the sandbox uid (ours, unless jailed), except ourselves. Dead zombies are gone for our purposes;
+// init reaps them.
 function sameUidPids() {
-  const uid = process.getuid();
+  const uid = jailedUid() ?? process.getuid();
   const pids = [];
   for (const name of fs.readdirSync('/proc')) {
     if (!/^[0-9]+$/.test(name) || Number(name) === process.pid) continue;
@@ -231,7 +241,10 @@ function sameUidPids() {
     } catch {
       continue; // exited while we scanned
     }
-    if (liveUid(status) === uid) pids.push(Number(name));
+    const owner = liveUid(status);
+    // Jailed, a process whose uid cannot be read (a name that forges a Uid: line) is the sandbox's too: nothing else
+    // here can rename itself. Under runc kill(-1) reaches it anyway, and the survey counts it.
+    if (owner === uid || (jailedUid() !== null && Number.isNaN(owner))) pids.push(Number(name));
   }
   return pids;
 }
@@ -287,12 +300,16 @@ async function settledFootprint(pid) {
 }
 
 // kill(-1) signals every process we may signal (all of our uid; never init, never the caller) in one step that
-// a concurrent fork cannot escape.
+// a concurrent fork cannot escape. Jailed, as root, kill(-1) would reach every process of the container: each
+// process of the sandbox uid is signalled instead, and the scans of killLeftovers catch what forked meanwhile.
 function signalAll(signal) {
-  try {
-    process.kill(-1, signal);
-  } catch {
-    // ESRCH: nobody else is there
+  const pids = jailedUid() === null ? [-1] : sameUidPids();
+  for (const pid of pids) {
+    try {
+      process.kill(pid, signal);
+    } catch {
+      // ESRCH: nobody else is there
+    }
   }
 }
 
@@ -307,7 +324,7 @@ async function killLeftovers(spared = null) {
   const others = () => sameUidPids().filter((pid) => pid !== spared);
   const seen = new Set(others());
   if (spared === null) signalAll('SIGKILL');
-  const deadline = performance.now() + CLEANUP_GRACE_MS;
+  const deadline = performance.now() + cleanupGrace();
   for (;;) {
     const alive = others();
     if (alive.length === 0) {
@@ -451,19 +468,56 @@ function meter() {
   };
 }
 
+// Jailed, at most one jail lives at a time: every jail mounts its namespace's proc at the one place the jails share
+// (gVisor of 2022 has no mount namespaces), so a second live jail would see the first one's processes, and two jails
+// taking stale procs off at once could take the bind of the root off instead. Each jail's group (the jail and its
+// init) and end, while it lives.
+const liveJails = new Set();
+const JAIL_END_MS = 5000;
+
+function trackJail(child, exited) {
+  if (jailedUid() === null) return;
+  const jail = { group: child.pid, exited };
+  liveJails.add(jail);
+  exited.then(() => liveJails.delete(jail));
+}
+
+// Before a jail starts: every other jail (the waiting process's, a context's) ended, and no process of the sandbox uid
+// left. False when that could not be done in time: the caller fails, and the host destroys the sandbox.
+async function clearForJail() {
+  if (jailedUid() === null) return true;
+  discardNext();
+  if (context !== null) {
+    paused = null;
+    context = null;
+  }
+  for (const jail of liveJails) {
+    try {
+      process.kill(-jail.group, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+  }
+  const ended = Promise.all([...liveJails].map((jail) => jail.exited)).then(() => true);
+  if (!(await Promise.race([ended, sleep(JAIL_END_MS).then(() => false)]))) return false;
+  return (await killLeftovers()).cleanup === 'ok';
+}
+
 // Spawns a program's process: detached, so that it leads a new process group (and session), and one kill reaches
 // its whole group and never the runner. Resolves to {child, exited} once it runs, or null when it could not start.
 async function spawnProgram(argv, extraStdio = []) {
   let child;
   try {
-    child = spawn(argv[0], argv.slice(1), {
-      cwd: '/workspace', env: CHILD_ENV, stdio: ['ignore', 'pipe', 'pipe', ...extraStdio], detached: true,
+    const [file, ...rest] = startArgv(argv);
+    child = spawn(file, rest, {
+      cwd: startCwd(), env: childEnv(), stdio: ['ignore', 'pipe', 'pipe', ...extraStdio], detached: true,
     });
   } catch {
     return null;
   }
   // Listen for the exit before anything can await, so it cannot be missed.
   const exited = new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
+  trackJail(child, exited);
   const spawned = await new Promise((resolve) => {
     child.once('spawn', () => resolve(true));
     child.once('error', () => resolve(false));
@@ -489,6 +543,7 @@ function bootTicks() {
 
 async function prepareNext() {
   discardNext();
+  if (!(await clearForJail())) return;
   const started = await spawnProgram([process.execPath, ...RUN_FLAGS, START_PATH], ['pipe']);
   if (started === null) return;
   const stat = procStat(started.child.pid);
@@ -546,10 +601,20 @@ function takeNext(argv) {
   return { ...waiting, took };
 }
 
+// A run's process when no waiting one could take it: a fresh one, or jailed a fresh waiting process that must take
+// it (its byte back on fd 3 is what proves that the program started: a jail that failed before it would otherwise
+// end with a code the program never chose).
+async function startRun(argv) {
+  if (jailedUid() === null) return spawnProgram(argv);
+  if (!(await clearForJail())) return null;
+  await prepareNext();
+  return takeNext(argv);
+}
+
 async function run(req) {
   paused = null; // the cleanup kills the context with the rest
   const metered = meter();
-  const started = takeNext(req.argv) ?? await spawnProgram(req.argv);
+  const started = takeNext(req.argv) ?? await startRun(req.argv);
   if (started === null) {
     metered.stop();
     return refusal('SPAWN_FAILED');
@@ -664,19 +729,6 @@ function survey(spared) {
       if (!/^[0-9]+$/.test(name) || Number(name) === process.pid) continue;
       const exempt = spared.find((entry) => entry.pid === Number(name));
       if (exempt !== undefined && exempt.started === null) continue;
-      if (exempt === undefined && waitingAfter !== null && !waitingSeen) {
-        // One child of the channel started since the tick it announced (after the run's leftovers were gone): its
-        // next run's process. No leftover of a run is that: a run's processes all started before that tick.
-        const stat = procStat(Number(name));
-        if (stat !== null && stat.ppid === channelPid && stat.started >= waitingAfter) {
-          waitingSeen = true;
-          continue;
-        }
-      }
-      if (exempt !== undefined) {
-        const stat = procStat(exempt.pid);
-        if (stat !== null && stat.state === 'T' && stat.started === exempt.started && allStopped(exempt.pid)) continue;
-      }
       let status;
       try {
         status = fs.readFileSync(`/proc/${name}/status`, 'latin1');
@@ -686,11 +738,43 @@ function survey(spared) {
         continue;
       }
       const uid = liveUid(status);
-      if (uid !== null && uid !== 0 && uid !== own) alive += 1; // an unreadable uid (NaN) counts as alive
+      if (uid === null || uid === 0 || uid === own) continue; // gone, or not of a sandbox uid (an unreadable uid is NaN)
+      if (exempt === undefined && waitingAfter !== null && !waitingSeen) {
+        // One process of the sandbox uid that the channel started since the tick it announced (after the run's
+        // leftovers were gone): its next run's process. No leftover of a run is that: a run's processes all started
+        // before that tick. (Jailed, the jail that started it is root's, and is never what is spared.)
+        const stat = procStat(Number(name));
+        if (stat !== null && startedBy(stat, channelPid) && stat.started >= waitingAfter) {
+          waitingSeen = true;
+          continue;
+        }
+      }
+      if (exempt !== undefined) {
+        const stat = procStat(exempt.pid);
+        if (stat !== null && stat.state === 'T' && stat.started === exempt.started && allStopped(exempt.pid)) continue;
+      }
+      alive += 1;
     }
     if (alive > 0 || vanished === 0) return alive;
   }
   return 1;
+}
+
+// Whether the channel started this process: its child, or (jailed) the program of a jail it started, whose parent is
+// the jail's init and whose grandparent the jail, both root's. No process of a sandbox uid is root's under runc.
+function startedBy(stat, channelPid) {
+  if (stat.ppid === channelPid) return true;
+  const init = procStat(stat.ppid);
+  const jail = init === null ? null : procStat(init.ppid);
+  return jail !== null && jail.ppid === channelPid && rootOwned(stat.ppid) && rootOwned(init.ppid);
+}
+
+function rootOwned(pid) {
+  try {
+    return liveUid(fs.readFileSync(`/proc/${pid}/status`, 'latin1')) === 0;
+  } catch {
+    return false;
+  }
 }
 
 // A survey line: empty, or what to spare: the channel's pid, then its paused context's as pid:start-time, then the
@@ -752,6 +836,8 @@ const CONTEXT_LINE_MAX = 256 * 1024;
 const MARKER_WAIT_MS = 1000;
 const MAX_CODE = 2 * 512 * 1024; // the host allows 512 Ki characters: at most twice as many UTF-16 units
 const CONTEXT_ARGV = ['--disable-proto=throw', new URL(import.meta.url).pathname, '--context'];
+// A jailed context is told so: it is user code in a namespace of its own, which no seal would add to.
+const contextArgv = () => (jailedUid() === null ? CONTEXT_ARGV : [...CONTEXT_ARGV, '--jailed']);
 let context = null;
 // The context as the last call paused it, and its footprint then: {ctx, mark}.
 let paused = null;
@@ -765,7 +851,7 @@ let paused = null;
 function stillPaused() {
   if (paused === null || footprint(paused.ctx.pid) === paused.mark) return true;
   try {
-    process.kill(-paused.ctx.pid, 'SIGKILL');
+    process.kill(-paused.ctx.group, 'SIGKILL');
   } catch {
     // already gone
   }
@@ -790,20 +876,24 @@ function isAlive(pid) {
   return stat !== null && livesOn(stat.state, stat.threads);
 }
 
+// The context: {child, group, pid, ...}. `group` is the process group of what was started (jailed: the jail's, whose
+// end ends the context's namespace); `pid` the context's own process, signalled, paused and watched between calls.
 async function startContext() {
   let child;
   try {
-    child = spawn(process.execPath, CONTEXT_ARGV, {
-      cwd: '/workspace', env: CHILD_ENV, stdio: ['pipe', 'pipe', 'pipe', 'pipe'], detached: true,
+    const [file, ...rest] = startArgv([process.execPath, ...contextArgv()]);
+    child = spawn(file, rest, {
+      cwd: startCwd(), env: childEnv(), stdio: ['pipe', 'pipe', 'pipe', 'pipe'], detached: true,
     });
   } catch {
     return null;
   }
-  const ctx = { child, pid: child.pid, on: { stdout: null, stderr: null, answer: null } };
+  const ctx = { child, group: child.pid, pid: child.pid, on: { stdout: null, stderr: null, answer: null } };
   ctx.exited = new Promise((resolve) => child.once('exit', (code, signal) => {
     if (context === ctx) context = null;
     resolve({ code, signal });
   }));
+  trackJail(child, ctx.exited);
   const spawned = await new Promise((resolve) => {
     child.once('spawn', () => resolve(true));
     child.once('error', () => resolve(false));
@@ -814,6 +904,18 @@ async function startContext() {
     stream.on('error', () => {});
   }
   child.stdin.on('error', () => {});
+  if (spawned && jailedUid() !== null) {
+    const program = await programOf(child.pid);
+    if (program === null) {
+      try {
+        process.kill(-child.pid, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+      return null;
+    }
+    ctx.pid = program;
+  }
   return spawned ? ctx : null;
 }
 
@@ -866,10 +968,14 @@ async function evaluate(req) {
   paused = null; // resumed below, or ended
   discardNext(); // a context is user code that lives on: nothing of a later run may share the sandbox with it
   const metered = meter();
+  if (jailedUid() !== null && !(context !== null && !req.reset && isAlive(context.pid)) && !(await clearForJail())) {
+    metered.stop();
+    return refusal('INTERNAL_ERROR');
+  }
   if (context !== null && (req.reset || !isAlive(context.pid))) {
     const old = context;
     try {
-      process.kill(-old.pid, 'SIGKILL');
+      process.kill(-old.group, 'SIGKILL');
     } catch {
       // already gone
     }
@@ -889,7 +995,7 @@ async function evaluate(req) {
   const kill = (why) => {
     ended ??= why;
     try {
-      process.kill(-ctx.pid, 'SIGKILL');
+      process.kill(-ctx.group, 'SIGKILL');
     } catch {
       // the group is already empty
     }
@@ -1036,12 +1142,17 @@ async function contextMain() {
 
 // Whether the watchdog (another uid's process, under init) has installed its SIGUSR2 handler: a warm container
 // is claimed with SIGUSR2, whose default action would kill a watchdog that has not finished starting.
+// gVisor's /proc has no SigCgt: there the watchdog holds its own file open once its handler is in place, and gVisor
+// lets any uid read another process's descriptors (which under runc only the watchdog's own uid could).
+const WATCHDOG_PATH = new URL('./watchdog.mjs', import.meta.url).pathname;
 function watchdogReady() {
   for (const pid of fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p) && p !== '1')) {
     try {
       if (!fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('watchdog.mjs')) continue;
       const caught = fs.readFileSync(`/proc/${pid}/status`, 'utf8').match(/SigCgt:\s*([0-9a-f]+)/);
-      return caught !== null && (BigInt(`0x${caught[1]}`) & (1n << 11n)) !== 0n; // bit 11: signal 12, SIGUSR2
+      if (caught !== null) return (BigInt(`0x${caught[1]}`) & (1n << 11n)) !== 0n; // bit 11: signal 12, SIGUSR2
+      return fs.existsSync('/proc/sentry-meminfo') && fs.readdirSync(`/proc/${pid}/fd`)
+        .some((fd) => fs.readlinkSync(`/proc/${pid}/fd/${fd}`) === WATCHDOG_PATH);
     } catch {
       // the process went away while we looked
     }
@@ -1063,7 +1174,7 @@ async function execute(request, take) {
   if (keys.length !== 2 || !keys.includes('write') || !keys.includes('run')) return refusal('INVALID_REQUEST');
   const req = validRequest(request.run);
   if (req === null) return refusal('INVALID_REQUEST');
-  const written = await fileOperation('write', request.write, take);
+  const written = await asSandboxUser(() => fileOperation('write', request.write, take));
   if (written.ok === false) return written;
   const ran = await run(req);
   return ran.ok === false ? ran : { ok: true, written, run: ran };
@@ -1144,7 +1255,7 @@ async function channel() {
       const req = validEvaluation(envelope.request);
       result = req === null ? refusal('INVALID_REQUEST') : await evaluate(req);
     } else {
-      result = await fileOperation(envelope.op, envelope.request, take);
+      result = await asSandboxUser(() => fileOperation(envelope.op, envelope.request, take));
     }
     if (result.ok === false && result.code === 'INTERNAL_ERROR') return result;
     // A paused context that ran meanwhile ran beside this request (a file operation): its answer is not given.
@@ -1168,8 +1279,15 @@ async function channel() {
 
 async function main() {
   const args = process.argv.slice(2);
+  // Jailed (gVisor): root, out of the sandbox uid's reach, starting each program through the jail (jail.mjs).
+  if (args.length === 2 && args[0] === '--channel' && args[1] === '--jailed') {
+    const refused = enterJail();
+    return refused === null ? channel() : refusal(refused);
+  }
   // As root, kill(-1) and the uid scan would reach every process in sight (on a host: the whole machine).
   if (process.getuid() === 0) return refusal('RUNNING_AS_ROOT');
+  // A jailed context (user code, which nothing believes) runs unsealed: gVisor's kernel would not honour the seal.
+  if (args.length === 2 && args[0] === '--context' && args[1] === '--jailed') return contextMain();
   seal();
   if (!sealed() && process.env.CODE_SANDBOX_SEAL !== 'optional') return refusal('NOT_SEALED');
   // One survey: it waits for one line on stdin (what to spare, as for --supervise), then counts.
