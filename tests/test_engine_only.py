@@ -369,10 +369,11 @@ setTimeout(() => console.log('left one'), 500);
 
 
 async def test_no_warm_pool_is_kept_under_gvisor(gvisor: DockerEngine, profile: Profile, image_id: str) -> None:
-    """A claim signals the watchdog, whose readiness for it is read from /proc signal masks that gVisor does not show:
-    the pool stays empty (it would otherwise start containers without end) and sandboxes start on demand."""
+    """A claim signals the watchdog, whose readiness for it the engine-only model would read with a helper of the
+    sandbox uid, which it believes nothing of: the pool stays empty (it would otherwise start containers without end)
+    and sandboxes start on demand."""
     del image_id
-    manager = SessionManager(gvisor, profile, Settings(max_sessions=2, warm_pool=1))
+    manager = SessionManager(gvisor, with_jailed_runs(profile, False), Settings(max_sessions=2, warm_pool=1))
     try:
         with anyio.fail_after(10):
             await manager.pool.run()  # returns at once: nothing to keep

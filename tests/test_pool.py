@@ -1,14 +1,15 @@
-"""The warm pool: containers started ahead of demand, each handed out at most once, never outliving its promise."""
+"""The warm pool: containers started ahead of demand, each handed out at most once, never outliving its promise; under
+each container runtime (under gVisor its sandboxes' runs are jailed: ``code_sandbox.channel.jailed``)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 
 import anyio
 import pytest
 from code_sandbox.channel.protocol import ReadyAnswer
-from code_sandbox.channel.transport import HelperExecs, Target
+from code_sandbox.channel.transport import HelperExecs, Target, runtime_argv
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine
 from code_sandbox.hardening import (
@@ -29,11 +30,19 @@ from tests.conftest import TEST_LABEL
 from tests.support.clock import FakeClock
 from tests.support.forwarding_engine import ForwardingEngine
 from tests.support.pool import running_pool
+from tests.support.run import worker_tag
+from tests.support.runtimes import TEST_RUNTIMES, runtime_engine
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 SETTINGS = Settings(max_sessions=3, warm_pool=1)
 USABLE_SECONDS = SETTINGS.max_lifetime - POOL_MARGIN_SECONDS
 """How long after it is ready a warm container may be handed out."""
+
+
+@pytest.fixture(scope="session", params=TEST_RUNTIMES)
+def engine(request: pytest.FixtureRequest) -> Iterator[DockerEngine]:
+    """The pool works under each container runtime: the host's kernel (runc) and gVisor's (runsc)."""
+    yield from runtime_engine(request.param, worker_tag())
 
 
 @pytest.fixture
@@ -67,7 +76,7 @@ async def test_a_warm_container_is_handed_out_once_and_the_pool_refills(
 def _watchdog_container(engine: DockerEngine, profile: Profile, image_id: str, *lifetimes: int) -> str:
     request = ContainerRequest(
         image_id=image_id,
-        command=[*profile.helper_argv("watchdog"), *map(str, lifetimes)],
+        command=runtime_argv(engine, profile, [*profile.helper_argv("watchdog"), *map(str, lifetimes)]),
         labels={LABEL_MANAGED: "true", TEST_LABEL: "1", LABEL_EXPIRES_AT: str(int(time.time()) + sum(lifetimes))},
         apparmor=engine.daemon_facts().apparmor,
     )
@@ -76,7 +85,9 @@ def _watchdog_container(engine: DockerEngine, profile: Profile, image_id: str, *
 
 def _wait_until_ready(engine: DockerEngine, profile: Profile, container: str) -> None:
     """Poll until the container's watchdog can take its claim signal (as the pool does before handing it out)."""
-    transport, target = HelperExecs(engine, profile), Target(container, user_of(PROBE_UID))
+    gvisor = engine.runtime_in_force().user_space_kernel
+    transport = HelperExecs(engine, profile, readable_runtime=gvisor)
+    target = Target(container, user_of(PROBE_UID))
     bound = time.monotonic() + 10
     while True:
         answer = transport.watchdog_ready(target, timeout=5)

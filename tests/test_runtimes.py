@@ -100,10 +100,10 @@ def test_doctor_says_gvisor_is_in_force_names_the_trust_model_and_its_probe_runs
     del image_id
     findings = {finding.name: finding for finding in run_doctor(gvisor, profile, {"CODE_SANDBOX_RUNTIME": "runsc"})}
     assert findings["runtime"].passed and "gVisor" in findings["runtime"].detail
-    assert "trust model: engine-only" in findings["runtime"].detail
-    jailed = with_jailed_runs(profile, True)
-    findings = {finding.name: finding for finding in run_doctor(gvisor, jailed, {"CODE_SANDBOX_RUNTIME": "runsc"})}
     assert "trust model: jailed runs" in findings["runtime"].detail
+    unjailed = with_jailed_runs(profile, False)
+    findings = {finding.name: finding for finding in run_doctor(gvisor, unjailed, {"CODE_SANDBOX_RUNTIME": "runsc"})}
+    assert "trust model: engine-only" in findings["runtime"].detail
     assert findings["hardening enforced"].passed, findings["hardening enforced"].detail
 
 
@@ -162,7 +162,7 @@ def test_verify_image_runs_its_hardened_probe_under_the_configured_runtime(
     # gVisor runs the readable copy, which the image holds beside the unreadable runtime, byte for byte.
     assert report.passed, [check for check in report.checks if not check.passed]
     checks = {check.name: check.detail for check in report.checks}
-    assert checks["trust model"].startswith("engine-only:")
+    assert checks["trust model"].startswith("jailed runs:")
     assert checks["readable runtime"].endswith("is the recorded copy, root-owned, mode 755")
 
 

@@ -21,7 +21,7 @@ class Programs:
     :param probe: prints one JSON object: ``interfaces`` (network interface names), ``connect`` (whether a TCP
         connection to 192.0.2.1:80 succeeded), ``root_write`` (whether writing ``/etc/probe`` succeeded),
         ``cap_eff`` (``CapEff`` of /proc/self/status) and ``kill_watchdog`` (the error name, or ``"sent"``, of
-        SIGKILL sent to the process whose command line names the watchdog).
+        SIGKILL sent to the process whose command line names the watchdog; ``"unseen"`` when none can be seen).
     """
 
     suffix: str
@@ -69,7 +69,8 @@ result.cap_eff = fs.readFileSync('/proc/self/status', 'latin1').match(/CapEff:\\
 const watchdog = fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p)).find((p) => {
   try { return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes('watchdog'); } catch { return false; }
 });
-try { process.kill(Number(watchdog), 'SIGKILL'); result.kill_watchdog = 'sent'; }
+if (watchdog === undefined) result.kill_watchdog = 'unseen';
+else try { process.kill(Number(watchdog), 'SIGKILL'); result.kill_watchdog = 'sent'; }
 catch (error) { result.kill_watchdog = error.code; }
 const socket = net.connect({ host: '192.0.2.1', port: 80, timeout: 2000 });
 const done = (connected) => { result.connect = connected; socket.destroy(); console.log(JSON.stringify(result)); };

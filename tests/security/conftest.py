@@ -23,6 +23,8 @@ import anyio
 import anyio.to_thread
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
+from code_sandbox.channel.jailed import JailedTransport
+from code_sandbox.channel.observed import RuntimeTransport
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.hardening import LABEL_TAG, PROBE_UID, readable_runtime, user_of
@@ -148,8 +150,14 @@ async def assert_nothing_outlives_the_run(engine: Engine, session: Session) -> N
 
 
 def under_gvisor(manager: SessionManager) -> bool:
-    """Whether the manager's sandboxes run under gVisor (the engine-only trust model)."""
+    """Whether the manager's sandboxes run under gVisor (jailed runs, or the engine-only trust model)."""
     return manager.provisioner.engine.runtime_in_force().user_space_kernel
+
+
+def jailed(manager: SessionManager) -> bool:
+    """Whether the manager's sandboxes run jailed (gVisor): a run then sees its own namespace's processes alone."""
+    transport = manager.provisioner.transport
+    return isinstance(transport, RuntimeTransport) and isinstance(transport.chosen, JailedTransport)
 
 
 @dataclass
@@ -161,6 +169,10 @@ class Arena:
     @property
     def gvisor(self) -> bool:
         return under_gvisor(self.manager)
+
+    @property
+    def jailed(self) -> bool:
+        return jailed(self.manager)
 
     async def attack(self, source: str, *, timeout: int = 10, name: str = "attack.js") -> RunResult:  # noqa: ASYNC109
         """Run hostile code in the victim sandbox."""
@@ -221,6 +233,10 @@ class SharedSandbox:
     @property
     def gvisor(self) -> bool:
         return under_gvisor(self.manager)
+
+    @property
+    def jailed(self) -> bool:
+        return jailed(self.manager)
 
     @property
     def session(self) -> Session:

@@ -112,9 +112,7 @@ class JavaScriptProfile(Profile):
         ignored_directories=frozenset({"node_modules"}),
         evaluate_tool_name="evaluate_javascript",
         evaluate_tool_description=EVALUATE_TOOL_DESCRIPTION,
-        # The jailed model is built and tested (tests/test_jailed.py) but not yet this profile's default under gVisor:
-        # the security suite still runs there against the engine-only model.
-        jailed_runs=False,
+        jailed_runs=True,
     )
 
     def image_spec(self) -> ImageSpec:

@@ -12,12 +12,21 @@ same frames over the same held exec as under runc: no ``docker exec`` per call, 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from code_sandbox.channel.channels import ChannelTransport
-from code_sandbox.channel.protocol import ExecuteAnswer, ExecuteRequest, Refusal, RunAnswer, RunRequest
-from code_sandbox.channel.transport import StderrSink, Target
-from code_sandbox.engine import Engine, ExecStream
+from code_sandbox.channel.protocol import (
+    ExecuteAnswer,
+    ExecuteRequest,
+    KillAllAnswer,
+    Refusal,
+    RunAnswer,
+    RunRequest,
+    parse_answer,
+)
+from code_sandbox.channel.transport import StderrSink, Target, untrusted
+from code_sandbox.engine import Engine, ExecStream, LineRequest
 from code_sandbox.hardening import ROOT_USER
 from code_sandbox.profile import Profile
 
@@ -48,6 +57,23 @@ class JailedTransport(ChannelTransport):
     ) -> ExecuteAnswer | Refusal:
         readable = request.model_copy(update={"run": self._readable(request.run)})
         return super().execute(target, readable, payload=payload, timeout=timeout, on_stderr=on_stderr)
+
+    def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
+        """Kills the channel (root's: the sandbox uid's kill-all could not reach it) and every jail, then every process
+        of the sandbox uid, from a privileged exec of its own; the next call opens a new channel."""
+        self._forget_context(target)
+        argv = [*self.execs.helper_argv("runner"), "--kill-all", "--jailed"]
+        try:
+            with untrusted():
+                held = self.engine.open_exec(target.container, argv, user=ROOT_USER, privileged=True)
+                try:
+                    deadline = time.monotonic() + timeout
+                    line = held.read_line(LineRequest(deadline, max_stdout=4096, max_stderr=4096))
+                finally:
+                    held.close()
+                return parse_answer(line, KillAllAnswer)
+        finally:
+            self._drop(target)
 
     def _readable(self, request: RunRequest) -> RunRequest:
         """The program as gVisor can start it: with the runtime's readable copy."""

@@ -74,6 +74,9 @@ _MS_BIND = 0x1000
 _MS_PROC = 2 | 4 | 8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
 _MNT_DETACH = 2
 _RLIMIT_NPROC = 6
+_PR_CAPBSET_DROP = 24
+_CAPABILITIES = 64  # every capability number a kernel may define (an unknown one is refused, and ignored here)
+_CAPABILITY_VERSION_3 = 0x2008_0522
 _EINTR = 4
 _MAX_FD = 256  # every descriptor below this is closed in the jail and the init, but the status pipe's end
 _PROC_UNMOUNTS = 16  # a run killed before it unmounted leaves its proc: the next one takes up to this many off
@@ -83,8 +86,9 @@ _STACK_BYTES = 160
 
 _SYSCALLS = {
     "read": 0, "write": 1, "close": 3, "getpid": 39, "fork": 57, "execve": 59, "wait4": 61, "kill": 62,
-    "chdir": 80, "setuid": 105, "setgid": 106, "setpgid": 109, "setgroups": 116, "prctl": 157, "chroot": 161,
-    "mount": 165, "statfs": 137, "umount2": 166, "exit_group": 231, "unshare": 272, "pipe2": 293, "prlimit64": 302,
+    "chdir": 80, "setuid": 105, "setgid": 106, "setpgid": 109, "setgroups": 116, "capset": 126, "prctl": 157,
+    "chroot": 161, "mount": 165, "statfs": 137, "umount2": 166, "exit_group": 231, "unshare": 272, "pipe2": 293,
+    "prlimit64": 302,
 }  # fmt: skip
 
 RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8, R9, R10, R11, R12, R13, R14, R15 = range(16)
@@ -361,11 +365,38 @@ def _x86_64_code(string_address: Callable[[str], int]) -> bytes:
     a.syscall("chdir", s("slash"))
     a.test(RAX)
     a.jcc("ne", "init_failed")
+    # No capability is left to bound anything later: the program starts with none it could ever regain, and the init
+    # drops the ones it holds once the program is forked (it only reaps and writes after that).
+    a.mov_imm(R12, 0)
+    a.label("bound_next")
+
+    def capability() -> None:
+        a.mov(RSI, R12)
+
+    a.syscall("prctl", _PR_CAPBSET_DROP, capability)
+    a.add_imm(R12, 1)
+    a.cmp_imm(R12, _CAPABILITIES)
+    a.jcc("b", "bound_next")
     a.syscall("fork")
     a.test(RAX)
     a.jcc("s", "init_failed")
     a.jcc("e", "program")
     a.mov(RBP, RAX)
+    a.mov_imm(RAX, _CAPABILITY_VERSION_3)
+    a.store(RSP, _STATFS_AT, RAX)  # the header: version, pid 0 (this process)
+    for offset in (8, 16, 24):  # two sets of effective, permitted, inheritable: all empty
+        a.mov_imm(RAX, 0)
+        a.store(RSP, _STATFS_AT + offset, RAX)
+
+    def header() -> None:
+        a.lea(RDI, RSP, _STATFS_AT)
+
+    def data() -> None:
+        a.lea(RSI, RSP, _STATFS_AT + 8)
+
+    a.syscall("capset", header, data)
+    a.test(RAX)
+    a.jcc("ne", "init_failed")
     a.load(RBX, RSP, 4, wide=False)  # the pipe's write end
     a.call("close_all_but_rbx")
     a.label("reap")

@@ -35,17 +35,51 @@ function bound() {
   }
 }
 
-// Enters the jailed mode: root under gVisor, in a sandbox whose workspace a sandbox uid owns, the jail's binds in
-// place (made now if they are not). Returns null, or the refusal's code.
-export function enterJail() {
+// Takes the sandbox uid as its own: root under gVisor, in a sandbox whose workspace a sandbox uid owns. Returns null,
+// or the refusal's code.
+export function adoptSandboxUid() {
   if (process.getuid() !== 0 || !fs.existsSync(GVISOR_MARK)) return 'NOT_JAILED';
   const owner = fs.statSync('/workspace').uid;
   if (!(owner >= FIRST_SANDBOX_UID && owner <= LAST_SANDBOX_UID)) return 'NOT_JAILED';
   process.setgroups([]);
-  if (!bound()) spawnSync(JAIL_PATH, ['bind'], { stdio: 'ignore', env: {}, cwd: '/' });
-  if (!bound()) return 'NOT_JAILED';
   uid = owner;
   return null;
+}
+
+// Enters the jailed mode (adoptSandboxUid), the jail's binds in place (made now if they are not).
+export function enterJail() {
+  const refused = adoptSandboxUid();
+  if (refused !== null) return refused;
+  if (!bound()) spawnSync(JAIL_PATH, ['bind'], { stdio: 'ignore', env: {}, cwd: '/' });
+  if (!bound()) {
+    uid = null;
+    return 'NOT_JAILED';
+  }
+  return null;
+}
+
+// The host's kill-all, jailed: every channel (root's, which a sandbox uid's kill could not reach) and every jail, by
+// pid; the caller then kills what is left of the sandbox uid. How many it killed.
+export function killChannelsAndJails() {
+  let killed = 0;
+  for (const name of fs.readdirSync('/proc').filter((n) => /^[0-9]+$/.test(n) && Number(n) !== process.pid)) {
+    let cmdline;
+    try {
+      cmdline = fs.readFileSync(`/proc/${name}/cmdline`, 'latin1');
+    } catch {
+      continue;
+    }
+    if (parentAndUid(name)?.uid !== 0) continue; // ours are root's: nothing of the sandbox uid is named here
+    if (cmdline.startsWith(`${JAIL_PATH}\0`) || cmdline.includes('/runner.mjs\0--channel\0--jailed\0')) {
+      try {
+        process.kill(Number(name), 'SIGKILL');
+        killed += 1;
+      } catch {
+        // gone
+      }
+    }
+  }
+  return killed;
 }
 
 // The argv that starts `argv` through the jail.

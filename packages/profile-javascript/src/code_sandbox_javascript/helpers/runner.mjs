@@ -16,7 +16,9 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { FILE_OPERATIONS, fileOperation, stdinTaker } from './files.mjs';
-import { JAILED_PATH, asSandboxUser, enterJail, jailArgv, jailedUid, programOf } from './jail.mjs';
+import {
+  JAILED_PATH, adoptSandboxUid, asSandboxUser, enterJail, jailArgv, jailedUid, killChannelsAndJails, programOf,
+} from './jail.mjs';
 
 // Nothing is inherited: the host's environment must never reach user code.
 const CHILD_ENV = Object.freeze({ PATH: '/usr/local/bin', HOME: '/workspace', TMPDIR: '/tmp', LANG: 'C.UTF-8' });
@@ -573,13 +575,15 @@ function discardNext() {
 // own. `took` says, by the time the process has ended, whether it took the program (one byte back on fd 3, before it
 // closes fd 3 and runs it): one that ended without taking it (a bug, or the OOM killer) never has its end reported as
 // the program's; the program is run again in a fresh process.
-function takeNext(argv) {
+function takeNext(argv, { fresh = false } = {}) {
   const waiting = nextRun;
   nextRun = null;
   const fits = argv[0] === process.execPath && RUN_FLAGS.every((flag, i) => argv[i + 1] === flag) &&
     typeof argv[RUN_FLAGS.length + 1] === 'string' && argv[RUN_FLAGS.length + 1].startsWith('/workspace/');
   const stat = waiting === null ? null : procStat(waiting.pid);
-  const usable = stat !== null && stat.started === waiting.started && ['R', 'S'].includes(stat.state);
+  // A process started just now for this run (`fresh`) ran nothing yet: whatever state a loaded kernel shows it in
+  // (gVisor may show a jail busy in a system call as D), it is the one that was started.
+  const usable = stat !== null && stat.started === waiting.started && (fresh || ['R', 'S'].includes(stat.state));
   if (waiting === null || !fits || !usable) {
     nextRun = waiting;
     discardNext();
@@ -608,7 +612,7 @@ async function startRun(argv) {
   if (jailedUid() === null) return spawnProgram(argv);
   if (!(await clearForJail())) return null;
   await prepareNext();
-  return takeNext(argv);
+  return takeNext(argv, { fresh: true });
 }
 
 async function run(req) {
@@ -1283,6 +1287,13 @@ async function main() {
   if (args.length === 2 && args[0] === '--channel' && args[1] === '--jailed') {
     const refused = enterJail();
     return refused === null ? channel() : refusal(refused);
+  }
+  if (args.length === 2 && args[0] === '--kill-all' && args[1] === '--jailed') {
+    const refused = adoptSandboxUid();
+    if (refused !== null) return refusal(refused);
+    killChannelsAndJails();
+    const { cleanup, killed } = await killLeftovers();
+    return { ok: true, killed, cleanup };
   }
   // As root, kill(-1) and the uid scan would reach every process in sight (on a host: the whole machine).
   if (process.getuid() === 0) return refusal('RUNNING_AS_ROOT');
