@@ -1,7 +1,8 @@
 """The engine-only trust model (gVisor, ``runsc``, for a profile that cannot jail its runs, or a machine the jail is not
 written for): a run is the program itself, watched by the engine; nothing of the sandbox uid is believed; after every
-run the supervisor's survey proves that no process of the uid lives. It is still the JavaScript profile's model under
-gVisor (its jailed runs are tested in ``tests/test_jailed.py``), and the Python example's.
+run the supervisor's survey proves that no process of the uid lives. The JavaScript profile, told here that it cannot
+jail (its own model under gVisor is jailed runs: ``tests/test_jailed.py``), stands in for such a profile; the Python
+example is one.
 
 Each attack here is user code that tries to outlive its run or to make the host report what it did not produce: it
 forks, detaches, stops itself, renames itself, floods the process table, stops the kill, or prints a runner's
