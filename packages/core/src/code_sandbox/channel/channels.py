@@ -189,7 +189,7 @@ class ChannelTransport(Transport):
     def run(
         self, target: Target, request: RunRequest, *, timeout: float, on_stderr: StderrSink | None = None
     ) -> RunAnswer | Refusal:
-        frame = _envelope("run", request)
+        frame = _envelope("run", self._as_run(request))
         self._forget_context(target)  # the run's cleanup kills it (and the run takes the waiting process)
         answer = self._exchange(
             target, [frame], RunAnswer, timeout=timeout, max_answer=8 * MiB, max_stderr=8 * MiB,
@@ -207,7 +207,7 @@ class ChannelTransport(Transport):
         timeout: float,
         on_stderr: StderrSink | None = None,
     ) -> ExecuteAnswer | Refusal:
-        frame = _envelope("execute", request)
+        frame = _envelope("execute", request.model_copy(update={"run": self._as_run(request.run)}))
         self._forget_context(target)
         answer = self._exchange(
             target, itertools.chain([frame], payload), ExecuteAnswer, timeout=timeout,
@@ -217,6 +217,12 @@ class ChannelTransport(Transport):
             self._drop(target)  # the channel ends after refusing a one-shot; a later call opens a new one
         self._set_waiting(target, None)  # it ran the program, or was ended: the channel starts none after a one-shot
         return answer
+
+    def _as_run(self, request: RunRequest) -> RunRequest:
+        """The program as the runtime in force starts it: under gVisor with the runtime's readable copy."""
+        if not self.execs.readable_runtime:
+            return request
+        return request.model_copy(update={"argv": self.execs.argv(request.argv)})
 
     def supports_evaluation(self) -> bool:
         return True

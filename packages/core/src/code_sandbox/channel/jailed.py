@@ -13,19 +13,14 @@ same frames over the same held exec as under runc: no ``docker exec`` per call, 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 
 from code_sandbox.channel.channels import ChannelTransport
 from code_sandbox.channel.protocol import (
-    ExecuteAnswer,
-    ExecuteRequest,
     KillAllAnswer,
     Refusal,
-    RunAnswer,
-    RunRequest,
     parse_answer,
 )
-from code_sandbox.channel.transport import StderrSink, Target, untrusted
+from code_sandbox.channel.transport import Target, untrusted
 from code_sandbox.engine import Engine, ExecStream, LineRequest
 from code_sandbox.hardening import ROOT_USER
 from code_sandbox.profile import Profile
@@ -40,23 +35,6 @@ class JailedTransport(ChannelTransport):
     def _open_channel(self, target: Target) -> ExecStream:
         argv = [*self.execs.helper_argv("runner"), "--channel", "--jailed"]
         return self.engine.open_exec(target.container, argv, user=ROOT_USER, privileged=True)
-
-    def run(
-        self, target: Target, request: RunRequest, *, timeout: float, on_stderr: StderrSink | None = None
-    ) -> RunAnswer | Refusal:
-        return super().run(target, self._readable(request), timeout=timeout, on_stderr=on_stderr)
-
-    def execute(
-        self,
-        target: Target,
-        request: ExecuteRequest,
-        *,
-        payload: Iterable[bytes],
-        timeout: float,
-        on_stderr: StderrSink | None = None,
-    ) -> ExecuteAnswer | Refusal:
-        readable = request.model_copy(update={"run": self._readable(request.run)})
-        return super().execute(target, readable, payload=payload, timeout=timeout, on_stderr=on_stderr)
 
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
         """Kills the channel (root's: the sandbox uid's kill-all could not reach it) and every jail, then every process
@@ -74,7 +52,3 @@ class JailedTransport(ChannelTransport):
                 return parse_answer(line, KillAllAnswer)
         finally:
             self._drop(target)
-
-    def _readable(self, request: RunRequest) -> RunRequest:
-        """The program as gVisor can start it: with the runtime's readable copy."""
-        return request.model_copy(update={"argv": self.execs.argv(request.argv)})

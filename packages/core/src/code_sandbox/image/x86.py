@@ -116,6 +116,10 @@ class X86:
                 argument()
             else:
                 self.mov_imm(register, argument)
+        self.kernel(name)
+
+    def kernel(self, name: str) -> None:
+        """Makes the call ``name`` with the argument registers as they stand: ``eax`` set, then ``syscall``."""
         self.mov_imm(RAX, self.syscalls[name])
         self.emit(b"\x0f\x05")
 
