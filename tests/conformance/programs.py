@@ -15,6 +15,7 @@ class Programs:
     :param forever: prints ``ready``, then sleeps for a minute (a run the suite stops).
     :param detach: starts a child in a new session that sleeps for a minute, and exits 0 at once.
     :param renice: lowers the priority of its parent (the runner that started it) to nice 19.
+    :param nice: prints its own nice value.
     :param lock: makes ``locked/b.txt`` and then takes write permission off ``locked`` (mode 0500).
     :param busy: uses one second of CPU time, then exits 0.
     :param hold: holds 200 MB of memory that it has written to for half a second, then exits 0.
@@ -31,6 +32,7 @@ class Programs:
     forever: str
     detach: str
     renice: str
+    nice: str
     lock: str
     busy: str
     hold: str
@@ -54,6 +56,7 @@ const { spawn } = require('child_process');
 spawn(process.execPath, ['-e', 'setTimeout(() => {}, 60000)'], { detached: true, stdio: 'ignore' }).unref();
 """,
     renice="require('os').setPriority(process.ppid, 19);",
+    nice="console.log(require('os').getPriority());",
     lock="""
 const fs = require('fs');
 fs.mkdirSync('locked');
@@ -100,6 +103,7 @@ subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_ne
                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 """,
     renice="import os\nos.setpriority(os.PRIO_PROCESS, os.getppid(), 19)\n",
+    nice="import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))\n",
     lock="""
 import os
 os.mkdir('locked')

@@ -16,7 +16,7 @@ import anyio
 import anyio.to_thread
 import pytest
 from code_sandbox.channel.protocol import KillAllAnswer
-from code_sandbox.channel.transport import HelperCrash, HelperExecs, StderrSink, Target
+from code_sandbox.channel.transport import HelperCrash, HelperExecs, StderrSink, Target, runtime_argv
 from code_sandbox.engine import ExecRequest, ExecResult
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import SUPERVISOR_USER
@@ -25,7 +25,7 @@ from code_sandbox.sandbox.relay import PROGRESS_BURST, UpdateBudget
 from code_sandbox.sandbox.sessions import Session, SessionManager
 from code_sandbox.sandbox.workspace import list_files, write_files
 
-from tests.support.edited_transport import EditedTransport, LineEdit, edited_execs, install, is_kill_all
+from tests.support.edited_transport import LineEdit, edited_execs, edited_transport, install, is_kill_all
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
 
@@ -80,14 +80,17 @@ async def _progress(_elapsed: float, _output: int) -> None:
 async def test_malformed_runner_output_destroys_the_session_with_a_stable_code(
     manager: SessionManager, session: Session, edit: LineEdit
 ) -> None:
-    install(manager, EditedTransport(manager.provisioner.engine, manager.provisioner.profile, "run", edit))
+    install(manager, edited_transport(manager, "run", edit))
     with pytest.raises(SandboxError) as caught:
         await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=_progress)
     assert caught.value.code == ErrorCode.SUPERVISOR_FAILED
     assert len(manager) == 0 and manager.provisioner.engine.container_facts(session.container_id) is None
 
 
-@pytest.mark.runc_only("edits the runner's channel, which exists only under the sealed-helpers model")
+@pytest.mark.runc_only(
+    "the exec form's exit code: under jailed runs the kill-all is read from a held exec, like the channel, whose answer "
+    "line is the whole answer"
+)
 async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionManager, session: Session) -> None:
     def nonzero_exit(_argv: list[str], result: ExecResult, _on_stderr: StderrSink | None) -> ExecResult:
         return ExecResult(1, result.stdout, result.stderr)
@@ -115,19 +118,13 @@ async def test_a_valid_answer_with_a_nonzero_exit_is_a_crash(manager: SessionMan
 async def test_malformed_file_helper_answers_destroy_the_session(
     manager: SessionManager, session: Session, stdout: bytes
 ) -> None:
-    install(
-        manager,
-        EditedTransport(
-            manager.provisioner.engine, manager.provisioner.profile, "list", _replace_answer(stdout.rstrip())
-        ),
-    )
+    install(manager, edited_transport(manager, "list", _replace_answer(stdout.rstrip())))
     with pytest.raises(SandboxError) as caught:
         await list_files(manager, session.id, ".", recursive=True, max_depth=2)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message
     assert len(manager) == 0
 
 
-@pytest.mark.runc_only("edits the runner's channel, which exists only under the sealed-helpers model")
 async def test_a_flood_of_progress_lines_is_dropped_unparsed_past_the_budget(
     manager: SessionManager, session: Session
 ) -> None:
@@ -145,7 +142,7 @@ async def test_a_flood_of_progress_lines_is_dropped_unparsed_past_the_budget(
     async def progress(elapsed: float, _output: int) -> None:
         updates.append(elapsed)
 
-    install(manager, EditedTransport(manager.provisioner.engine, manager.provisioner.profile, "run", edit))
+    install(manager, edited_transport(manager, "run", edit))
     result = await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10, progress=progress)
     assert (result.exit_code, result.stdout) == (0, "hi\n")
     # 160k lines arrive within a fraction of a second: the burst and a few refills are parsed, the rest dropped.
@@ -163,7 +160,6 @@ def test_the_update_budget_refills_at_its_rate_and_counts_what_it_drops() -> Non
     assert budget.dropped == 2 + 1 + 12
 
 
-@pytest.mark.runc_only("edits the runner's channel, which exists only under the sealed-helpers model")
 async def test_a_process_that_survives_the_run_destroys_the_session(manager: SessionManager, session: Session) -> None:
     # A process of the sandbox uid that the runner did not kill (here: started by a second exec just as the run
     # ends, standing in for one that escaped the runner's kill) must be found by the supervisor's survey.
@@ -172,7 +168,9 @@ async def test_a_process_that_survives_the_run_destroys_the_session(manager: Ses
 
     def start_survivor() -> None:
         with contextlib.suppress(SandboxError):  # the container is removed under it
-            argv = ["/usr/local/bin/node", "-e", "setTimeout(() => {}, 30000)"]
+            argv = runtime_argv(
+                real, manager.provisioner.profile, ["/usr/local/bin/node", "-e", "setTimeout(() => {}, 30000)"]
+            )
             real.exec(session.container_id, ExecRequest(argv, user=session.user, timeout=40, max_stdout=1024,
                       on_stderr=lambda _chunk: None, exit_code=False))  # fmt: skip
 
@@ -180,13 +178,14 @@ async def test_a_process_that_survives_the_run_destroys_the_session(manager: Ses
         threading.Thread(target=start_survivor, daemon=True).start()
         deadline = time.monotonic() + 10
         while not survivor_started.is_set() and time.monotonic() < deadline:
-            probe = real.exec(session.container_id, ExecRequest(["/usr/local/bin/node", "-e", _COUNT], user=SUPERVISOR_USER,
+            count = runtime_argv(real, manager.provisioner.profile, ["/usr/local/bin/node", "-e", _COUNT])
+            probe = real.exec(session.container_id, ExecRequest(count, user=SUPERVISOR_USER,
                               timeout=10, max_stdout=1024))  # fmt: skip
             if probe.stdout.strip() != b"0":
                 survivor_started.set()
         return line
 
-    install(manager, EditedTransport(real, manager.provisioner.profile, "run", edit))
+    install(manager, edited_transport(manager, "run", edit))
     with pytest.raises(SandboxError) as caught:
         await run_entrypoint(manager, session.id, "main.js", [], timeout_seconds=10)
     assert survivor_started.is_set()
@@ -230,10 +229,7 @@ async def test_a_write_answer_with_the_wrong_number_of_results_destroys_the_sess
     manager: SessionManager, session: Session
 ) -> None:
     answer = b'{"ok":true,"results":["written"],"entries":3,"bytes":10}'
-    install(
-        manager,
-        EditedTransport(manager.provisioner.engine, manager.provisioner.profile, "write", _replace_answer(answer)),
-    )
+    install(manager, edited_transport(manager, "write", _replace_answer(answer)))
     with pytest.raises(SandboxError) as caught:
         await write_files(manager, session.id, [("a.txt", "a"), ("b.txt", "b")], overwrite=False)
     assert caught.value.code == ErrorCode.TRANSFER_FAILED and "destroyed" in caught.value.message

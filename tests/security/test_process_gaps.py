@@ -13,6 +13,7 @@ from contextlib import contextmanager, suppress
 
 import anyio
 import pytest
+from code_sandbox.channel.transport import runtime_argv
 from code_sandbox.engine import Engine, ExecRequest
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import PROBE_UID, user_of
@@ -22,6 +23,7 @@ from code_sandbox.sandbox.sessions import Session, SessionManager
 from code_sandbox.sandbox.supervision import verify_cleanup
 from code_sandbox.sandbox.workspace import list_files, write_files
 
+from tests.security.conftest import jailed
 from tests.support.inspect import docker_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("cleanup_managed")]
@@ -140,6 +142,9 @@ async def test_a_process_whose_leader_thread_exited_is_killed_and_counted_by_the
         assert _zombie_leaders(manager.provisioner.engine, session) == []
 
 
+# Whether /proc/<p> is a process of the exec's own uid (in a program where ``fs`` is ``require('fs')``).
+_OF_UID = "(() => { try { return +fs.readFileSync(`/proc/${p}/status`, 'latin1').match(/Uid:\\s+(\\d+)/)[1] === process.getuid(); } catch { return false; } })()"
+
 # The context counts while it runs (and has counted before it is paused); its pid says where to send the signal.
 _TICKING = (
     "globalThis.ticks = 0; setInterval(() => ticks++, 5); await new Promise((r) => setTimeout(r, 50)); process.pid"
@@ -151,7 +156,6 @@ _TICKING = (
     [(False, "evaluate"), (True, "evaluate"), (True, "list_files")],
     ids=["left-running", "stopped-again", "stopped-again-then-a-file-call"],
 )
-@pytest.mark.runc_only("evaluation contexts exist only under the sealed-helpers model (NOT_SUPPORTED under gVisor)")
 async def test_a_paused_context_that_was_continued_between_calls_gets_the_sandbox_destroyed(
     manager: SessionManager, stopped_again: bool, next_call: str
 ) -> None:
@@ -163,10 +167,14 @@ async def test_a_paused_context_that_was_continued_between_calls_gets_the_sandbo
     await write_files(manager, session.id, [("a.txt", "a")], overwrite=False)  # a file call leaves it paused
     second = await evaluate_code(manager, session.id, "ticks > 0 && process.pid", timeout_seconds=10, reset=False)
     assert second.value == first.value and second.context_reset is False, (first, second)
-    pid = int(first.value or "0")
+    # The context's pid as an exec sees it: jailed (gVisor), the one it reported is its namespace's, so the exec
+    # signals every other process of its uid, which there is the context alone.
+    pid = first.value or "0"
+    if jailed(manager):
+        pid = f"(require('fs').readdirSync('/proc').find((p) => /^\\d+$/.test(p) && +p !== process.pid && {_OF_UID}) || 'none')"
     again = f"process.kill({pid}, 'SIGSTOP');" if stopped_again else ""
-    script = f"process.kill({pid}, 'SIGCONT'); setTimeout(() => {{ {again} }}, 300);"
-    argv = ["/usr/local/bin/node", "-e", script]
+    script = f"const fs = require('fs'); process.kill({pid}, 'SIGCONT'); setTimeout(() => {{ {again} }}, 300);"
+    argv = runtime_argv(manager.provisioner.engine, manager.provisioner.profile, ["/usr/local/bin/node", "-e", script])
     sent = manager.provisioner.engine.exec(
         session.container_id, ExecRequest(argv, user=session.user, timeout=30, max_stdout=1024)
     )
@@ -188,7 +196,9 @@ try { execFileSync(process.execPath, ['-e', 'Buffer.alloc(150e6, 1)']); } finall
 """
 
 
-@pytest.mark.runc_only("stops the runner's memory sampler; the engine-only model has no runner and reports no figure")
+@pytest.mark.runc_only(
+    "stops the runner's memory sampler: gVisor shows no memory cgroup inside, so a run there reports no memory figure"
+)
 async def test_a_program_that_stops_the_memory_sampler_cannot_hide_its_peak(manager: SessionManager) -> None:
     # The first run sets the sandbox's high-water mark, so that the second one's peak sets no new one: only samples
     # could show it, and the runner takes none while it is stopped.

@@ -23,19 +23,24 @@ pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("im
 FORGED = '{"ok":true,"exit_code":0,"signal":null,"timed_out":false,"stdout_b64":"","stderr_b64":"","stdout_bytes":0,"stderr_bytes":0,"stdout_truncated":false,"stderr_truncated":false,"oom_killed":false,"oom_detectable":true,"duration_ms":1,"cleanup":"ok","leftover_killed":0,"cpu_ms":0,"peak_memory_bytes":0}'
 
 # Starts a detached heartbeat that would outlive the run, then writes a forged answer (and a poisoned progress
-# line) into the runner's stdout and stderr through /proc, and reports what the kernel said.
+# line) into every descriptor of its parent (the runner; jailed, the jail's init) that it can name through /proc
+# (stdout and stderr where it can list none), and reports what the kernel said; with "kill", SIGKILLs the parent.
 FORGE = f"""
 const fs = require('fs'); const {{ spawn }} = require('child_process');
 spawn(process.execPath, ['-e', "setInterval(() => require('fs').writeFileSync('/workspace/heartbeat', String(Date.now())), 50)"],
       {{ detached: true, stdio: 'ignore' }}).unref();
 (function forge() {{
   if (!fs.existsSync('/workspace/heartbeat')) return setTimeout(forge, 20);
-  const out = {{}};
-  for (const [fd, text] of [[1, {json.dumps(FORGED)}], [2, '{{"elapsed_ms":1,"stdout_bytes":1e999,"stderr_bytes":0}}']]) {{
+  const out = {{}}; let fds;
+  try {{ fds = fs.readdirSync(`/proc/${{process.ppid}}/fd`).map(Number); }} catch {{ fds = [1, 2]; }}
+  for (const fd of fds) {{
+    const text = fd === 2 ? '{{"elapsed_ms":1,"stdout_bytes":1e999,"stderr_bytes":0}}' : {json.dumps(FORGED)};
     try {{ fs.writeFileSync(`/proc/${{process.ppid}}/fd/${{fd}}`, text + '\\n'); out[fd] = 'written'; }} catch (e) {{ out[fd] = e.code; }}
   }}
   console.log(JSON.stringify(out));
-  if (process.argv[2] === 'kill') process.kill(process.ppid, 'SIGKILL');
+  if (process.argv[2] === 'kill') {{
+    try {{ process.kill(process.ppid, 'SIGKILL'); }} catch (e) {{ console.log(e.code); }}
+  }}
   process.exitCode = 3;
 }})();
 """
@@ -54,10 +59,10 @@ def _session_containers(engine: DockerEngine, session_id: str) -> list[Any]:
     return engine.list_containers(f"{LABEL_SESSION}={hashlib.sha256(session_id.encode()).hexdigest()[:16]}")
 
 
-@pytest.mark.runc_only("writes to the runner's fds and kills it; the engine-only model has no runner")
 async def test_a_forged_runner_answer_is_never_returned_and_nothing_outlives_the_run(
     tmp_path: Path, engine: DockerEngine
 ) -> None:
+    jailed = engine.runtime_in_force().user_space_kernel  # the JavaScript profile's runs are jailed under gVisor
     async with connect(engine, tmp_path) as client:
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
         ok(
@@ -66,18 +71,25 @@ async def test_a_forged_runner_answer_is_never_returned_and_nothing_outlives_the
             )
         )
         # Without killing the runner: the writes are refused, the genuine result comes back, and the heartbeat
-        # child was killed with the run (its file no longer changes while another program runs).
+        # child was killed with the run (its file no longer changes while another program runs). Jailed, the parent
+        # is the jail's init, root's: it holds one descriptor, its status pipe, which the uid may not open.
         run = ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "forge.js"}))
-        assert json.loads(run["stdout"]) == {"1": "EACCES", "2": "EACCES"}
+        written = json.loads(run["stdout"])
+        assert written and set(written.values()) == {"EACCES"}, written
+        assert jailed or set(written) == {"1", "2"}
         assert run["exit_code"] == 3
         beat = ok(await client.call_tool("read_file", {"session_id": sid, "path": "heartbeat"}))["content"]
         ok(await client.call_tool("write_files", {"session_id": sid, "files": [{"path": "wait.js", "content": WAIT}]}))
         ok(await client.call_tool("run_javascript", {"session_id": sid, "entrypoint": "wait.js"}))
         assert ok(await client.call_tool("read_file", {"session_id": sid, "path": "heartbeat"}))["content"] == beat
-        # Killing the runner after the attempt ends the run without an answer: the sandbox is destroyed.
         killed = await client.call_tool(
             "run_javascript", {"session_id": sid, "entrypoint": "forge.js", "arguments": ["kill"]}
         )
+        if jailed:  # root's init cannot be signalled: the run ends as it chose, and the sandbox lives on
+            assert ok(killed)["stdout"].splitlines()[-1] == "EPERM" and ok(killed)["exit_code"] == 3
+            assert ok(await client.call_tool("list_files", {"session_id": sid}))["entries"]
+            return
+        # Killing the runner after the attempt ends the run without an answer: the sandbox is destroyed.
         assert error_code(killed) == "SUPERVISOR_FAILED"
         assert error_code(await client.call_tool("list_files", {"session_id": sid})) == "INVALID_SESSION"
         assert _session_containers(engine, sid) == []  # its container, and every process in it, is gone
@@ -85,7 +97,7 @@ async def test_a_forged_runner_answer_is_never_returned_and_nothing_outlives_the
 
 INSPECTOR = """
 const net = require('net');
-process.kill(process.ppid, 'SIGUSR1'); process._debugProcess(process.ppid);
+try { process.kill(process.ppid, 'SIGUSR1'); process._debugProcess(process.ppid); } catch (e) { console.log(e.code); }
 setTimeout(() => {
   const socket = net.connect(9229, '127.0.0.1');
   socket.on('connect', () => { console.log('open'); socket.destroy(); });
@@ -94,7 +106,6 @@ setTimeout(() => {
 """
 
 
-@pytest.mark.runc_only("signals the runner; the engine-only model has no runner")
 async def test_sigusr1_opens_no_inspector_in_the_runner_and_the_run_still_answers(
     tmp_path: Path, engine: DockerEngine
 ) -> None:
@@ -102,34 +113,56 @@ async def test_sigusr1_opens_no_inspector_in_the_runner_and_the_run_still_answer
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
         run = await _run_program(client, sid, INSPECTOR)
     # No inspector: none listens (ECONNREFUSED), and under our seccomp profile no TCP socket can exist at all (EPERM).
-    assert (run["exit_code"], run["stdout"]) in ((0, "ECONNREFUSED\n"), (0, "EPERM\n"))
+    # Jailed (gVisor), the parent is the jail's init, root's: the signal itself is refused.
+    signal = "EPERM\n" if engine.runtime_in_force().user_space_kernel else ""
+    assert (run["exit_code"], run["stdout"]) in ((0, f"{signal}ECONNREFUSED\n"), (0, f"{signal}EPERM\n"))
 
 
 REACH = """
 const fs = require('fs'); const out = {};
+let own = null; try { own = fs.readFileSync('/proc/self/environ', 'latin1'); } catch {}  // runc: not dumpable
 const others = fs.readdirSync('/proc').filter(p => /^\\d+$/.test(p) && +p !== process.pid);
 for (const p of others) {
   for (const what of ['fd', 'mem', 'environ', 'maps']) {
     try {
-      if (what === 'fd') fs.readdirSync(`/proc/${p}/fd`); else fs.closeSync(fs.openSync(`/proc/${p}/${what}`, 'r'));
+      if (what === 'fd') {
+        for (const fd of fs.readdirSync(`/proc/${p}/fd`)) {
+          for (const flags of ['r', 'a']) {
+            try { fs.closeSync(fs.openSync(`/proc/${p}/fd/${fd}`, flags)); out[`${p}/fd/${fd}/${flags}`] = 'open'; }
+            catch (e) { out[`${p}/fd/${fd}/${flags}`] = e.code; }
+          }
+        }
+      } else if (what === 'environ') {
+        out[`${p}/environ`] = fs.readFileSync(`/proc/${p}/environ`, 'latin1') === own ? 'its own' : 'open';
+        continue;
+      } else fs.closeSync(fs.openSync(`/proc/${p}/${what}`, 'r'));
       out[`${p}/${what}`] = 'open';
     } catch (e) { out[`${p}/${what}`] = e.code; }
   }
 }
-console.log(JSON.stringify({ runner: String(process.ppid), out, own: fs.readdirSync('/proc/self/fd').length > 0 }));
+console.log(JSON.stringify({ runner: String(process.ppid), others, out, own: fs.readdirSync('/proc/self/fd').length > 0 }));
 """
 
 
-@pytest.mark.runc_only(
-    "gVisor's kernel does not keep same-uid processes apart, which the engine-only model does not rely on"
-)
 async def test_user_code_cannot_open_another_processes_fds_or_memory(tmp_path: Path, engine: DockerEngine) -> None:
     async with connect(engine, tmp_path) as client:
         sid = ok(await client.call_tool("create_sandbox", {}))["session_id"]
         seen = json.loads((await _run_program(client, sid, REACH))["stdout"])
     assert seen["own"] is True  # its own fds stay its own
-    assert f"{seen['runner']}/fd" in seen["out"]  # the runner, same uid, was among the targets
-    assert len(seen["out"]) >= 12 and set(seen["out"].values()) <= {"EACCES", "EPERM"}, seen["out"]
+    assert f"{seen['runner']}/fd" in seen["out"]  # its parent was among the targets
+    if not engine.runtime_in_force().user_space_kernel:
+        # The runner (same uid), the watchdog, the supervisor's exec and init: not one of them opens.
+        assert len(seen["out"]) >= 12 and set(seen["out"].values()) <= {"EACCES", "EPERM"}, seen["out"]
+        return
+    # Jailed (gVisor): the run's own PID namespace shows one process besides its own, the jail's init (root's, pid
+    # 1). gVisor lists any process's fd directory and shows its environment and maps to every uid: the init's fd
+    # directory holds its status pipe alone, which opens for no uid but root, its environment is the program's own,
+    # its maps the jail's published layout, and its memory does not open.
+    assert seen["others"] == ["1"] and seen["runner"] == "1", seen
+    reached = {k: v for k, v in seen["out"].items() if k not in ("1/fd", "1/maps")}
+    descriptors = [k for k in reached if k.startswith("1/fd/")]
+    assert len(descriptors) == 2, reached  # one pipe, opened for reading and for writing
+    assert reached == {**dict.fromkeys(descriptors, "EACCES"), "1/mem": "EACCES", "1/environ": "its own"}, reached
 
 
 WHOAMI = "const fs = require('fs'); console.log(JSON.stringify([process.getuid(), process.getgid(), fs.statSync('/workspace').uid, fs.statSync('/tmp').uid]))"

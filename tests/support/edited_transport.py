@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from code_sandbox.channel.channels import ChannelTransport
+from code_sandbox.channel.jailed import JailedTransport
+from code_sandbox.channel.observed import transport_for
 from code_sandbox.channel.transport import HelperExecs, Transport
 from code_sandbox.engine import Engine
 from code_sandbox.profile import Profile
@@ -31,6 +33,24 @@ class EditedTransport(ChannelTransport):
     @property
     def operations(self) -> list[str]:
         return self.edited.operations
+
+
+class EditedJailedTransport(JailedTransport):
+    """:class:`EditedTransport`'s edits on the jailed transport (gVisor's jailed runs)."""
+
+    def __init__(self, engine: Engine, profile: Profile, operation: str, edit: LineEdit) -> None:
+        self.edited = EditedEngine(engine, line_edits={operation: edit})
+        super().__init__(self.edited, profile)
+
+
+def edited_transport(
+    manager: SessionManager, operation: str, edit: LineEdit, engine: Engine | None = None
+) -> EditedTransport | EditedJailedTransport:
+    """The transport ``manager`` uses (channel or jailed), with ``operation``'s answers edited; over ``engine`` if
+    given, the manager's otherwise."""
+    jailed = isinstance(transport_for(manager.provisioner.engine, manager.provisioner.profile), JailedTransport)
+    kind = EditedJailedTransport if jailed else EditedTransport
+    return kind(engine or manager.provisioner.engine, manager.provisioner.profile, operation, edit)
 
 
 def edited_execs(engine: Engine, profile: Profile, match: Callable[[list[str]], bool], edit: ExecEdit) -> HelperExecs:
