@@ -16,6 +16,7 @@ const FIRST_SANDBOX_UID = 0x7000_0000; // code_sandbox.hardening.SANDBOX_UIDS
 const LAST_SANDBOX_UID = 0x7000_0000 + 2 ** 20; // inclusive: the probes' uid (PROBE_UID) comes right after the range
 const PROGRAM_WAIT_MS = 5000;
 const PROGRAM_PAUSE_MS = 5;
+const KILL_SCANS = 8; // the kill-all's scans at most, each after one that killed something
 // What user code runs with: the readable runtime first (gVisor cannot run the unreadable one).
 export const JAILED_PATH = '/usr/local/gvisor:/usr/local/bin';
 
@@ -59,8 +60,19 @@ export function enterJail() {
 }
 
 // The host's kill-all, jailed: every channel (root's, which a sandbox uid's kill could not reach) and every jail, by
-// pid; the caller then kills what is left of the sandbox uid. How many it killed.
+// pid, scan after scan until one finds none (a channel killed mid-scan may have started a jail the scan had passed);
+// the caller then kills what is left of the sandbox uid. How many it killed.
 export function killChannelsAndJails() {
+  let killed = 0;
+  for (let scan = 0; scan < KILL_SCANS; scan += 1) {
+    const found = killScan();
+    killed += found;
+    if (found === 0) break;
+  }
+  return killed;
+}
+
+function killScan() {
   let killed = 0;
   for (const name of fs.readdirSync('/proc').filter((n) => /^[0-9]+$/.test(n) && Number(n) !== process.pid)) {
     let cmdline;

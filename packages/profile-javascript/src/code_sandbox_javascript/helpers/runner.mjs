@@ -615,10 +615,12 @@ async function startRun(argv) {
   return takeNext(argv, { fresh: true });
 }
 
-async function run(req) {
+// `again`: the program's second start, after a waiting process that ended without taking it; a second such end is
+// SPAWN_FAILED, never a third start.
+async function run(req, again = false) {
   paused = null; // the cleanup kills the context with the rest
   const metered = meter();
-  const started = takeNext(req.argv) ?? await startRun(req.argv);
+  const started = (again ? null : takeNext(req.argv)) ?? await startRun(req.argv);
   if (started === null) {
     metered.stop();
     return refusal('SPAWN_FAILED');
@@ -646,9 +648,11 @@ async function run(req) {
   const durationMs = metered.stop();
   clearTimeout(timer);
   if (started.took !== undefined && !(await started.took)) {
-    // The waiting process ended without taking the program: nothing of it ran. Run it in a fresh process.
+    // The waiting process ended without taking the program: nothing of it ran. Run it in a fresh process, once.
     for (const stream of [child.stdout, child.stderr]) stream.destroy();
-    return run(req);
+    if (!again) return run(req, true);
+    await killLeftovers();
+    return refusal('SPAWN_FAILED');
   }
   const leftovers = await killLeftovers();
   if (context !== null) {
