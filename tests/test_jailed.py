@@ -167,3 +167,26 @@ async def test_a_jailed_program_can_write_only_its_workspace_and_scratch_and_run
     await write_files(manager, session.id, [("mq.js", escape)], overwrite=False)
     refused = await run_entrypoint(manager, session.id, "mq.js", [], timeout_seconds=10)
     assert refused.exit_code == 1 and ("EROFS" in refused.stderr or "EACCES" in refused.stderr), refused.stderr
+
+
+COUNTERS = r"""
+const fs = require('fs'); const out = {};
+try { out.listed = fs.readdirSync('/usr/local/gvisor/counters'); } catch (e) { out.listed = e.code; }
+out.mounted = fs.readFileSync('/proc/self/mountinfo', 'latin1').split('\n')
+  .filter((line) => / \/usr\/local\/gvisor\/counters /.test(line)).length;
+console.log(JSON.stringify(out));
+"""
+
+
+async def test_a_run_reports_gvisors_counters_which_no_jailed_program_can_reach(
+    manager: SessionManager, session: Session
+) -> None:
+    """``jail bind`` mounts gVisor's cgroup counters for the channel at ``/usr/local/gvisor/counters``: a jail's root
+    is a bind of the container's root alone, so a jailed program finds the image's empty directory there, root's."""
+    busy = "const c = () => { const u = process.cpuUsage(); return u.user + u.system; }; while (c() < 5e5);"
+    await write_files(manager, session.id, [("counters.js", COUNTERS), ("busy.js", busy)], overwrite=False)
+    result = await run_entrypoint(manager, session.id, "counters.js", [], timeout_seconds=10)
+    assert json.loads(result.stdout) == {"listed": "EACCES", "mounted": 0}, result.stdout
+    used = await run_entrypoint(manager, session.id, "busy.js", [], timeout_seconds=10)
+    assert used.cpu_ms is not None and 400 <= used.cpu_ms <= 3000, used
+    assert used.peak_memory_bytes is not None and used.peak_memory_bytes < 100_000_000, used

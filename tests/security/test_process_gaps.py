@@ -197,7 +197,8 @@ try { execFileSync(process.execPath, ['-e', 'Buffer.alloc(150e6, 1)']); } finall
 
 
 @pytest.mark.runc_only(
-    "stops the runner's memory sampler: gVisor shows no memory cgroup inside, so a run there reports no memory figure"
+    "stops the runner's memory sampler: under gVisor user code cannot name the runner, let alone signal it (jailed "
+    "runs), or no runner samples (engine-only)"
 )
 async def test_a_program_that_stops_the_memory_sampler_cannot_hide_its_peak(manager: SessionManager) -> None:
     # The first run sets the sandbox's high-water mark, so that the second one's peak sets no new one: only samples

@@ -44,15 +44,19 @@ const PROGRESS_MS = 1000;
 const MAX_CAP = 64 * 1024 * 1024;
 const MAX_TIMEOUT_MS = 86_400_000;
 const OOM_COUNTERS = ['/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control']; // v2, v1
-// The sandbox cgroup's usage counters (v1, then v2), which user code can read but not change: CPU time in
-// nanoseconds, memory in bytes now and at its highest since the container started.
+// The sandbox cgroup's usage counters (v1, then v2, then gVisor's where `jail bind` mounted them: no high-water mark
+// there), which user code can read but not change: CPU time in nanoseconds, memory in bytes now and at its highest
+// since the container started.
+const GVISOR_COUNTERS = '/usr/local/gvisor/counters'; // code_sandbox.image.jail.JAIL_COUNTERS
 const CPU_COUNTERS = [
   ['/sys/fs/cgroup/cpuacct/cpuacct.usage', /^(\d+)$/, 1],
   ['/sys/fs/cgroup/cpu.stat', /^usage_usec (\d+)$/m, 1000],
+  [`${GVISOR_COUNTERS}/cpuacct.usage`, /^(\d+)$/, 1],
 ];
 const MEMORY_NOW = [
   ['/sys/fs/cgroup/memory/memory.usage_in_bytes', /^(\d+)$/, 1],
   ['/sys/fs/cgroup/memory.current', /^(\d+)$/, 1],
+  [`${GVISOR_COUNTERS}/memory.usage_in_bytes`, /^(\d+)$/, 1],
 ];
 const MEMORY_PEAK = [
   ['/sys/fs/cgroup/memory/memory.max_usage_in_bytes', /^(\d+)$/, 1],
