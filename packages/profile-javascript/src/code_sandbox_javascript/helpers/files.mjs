@@ -326,23 +326,51 @@ function parseHeader(buf) {
 }
 
 // Read-only look at where a write would land: the first missing parent (or -1), the deepest existing
-// directory's stat, and the target's lstat (null when absent).
-function probe(parts) {
+// directory's stat, and the target's lstat (null when absent). `parents` holds each parent directory's look (and
+// descriptor) for the files of one write that share it; the caller closes them.
+function probe(parts, parents) {
+  const key = parts.slice(0, -1).join('/');
+  let parent = parents.get(key);
+  if (parent === undefined) {
+    parent = probeDirectory(parts.slice(0, -1));
+    parents.set(key, parent);
+  }
+  const { missingFrom, dirStat, fd } = parent;
+  return { missingFrom, dirStat, leaf: fd === null ? null : lstatAt(fd, parts.at(-1)) };
+}
+
+// The first missing component of the directory `parts` (or -1), the deepest existing directory's stat, and, when
+// none is missing, that directory held open.
+function probeDirectory(parts) {
   let fd = fs.openSync(ROOT, DIR_FLAGS);
   try {
-    for (let i = 0; i < parts.length - 1; i += 1) {
+    for (let i = 0; i < parts.length; i += 1) {
       const st = lstatAt(fd, parts[i]);
-      if (st === null) return { missingFrom: i, dirStat: fs.fstatSync(fd), leaf: null };
+      if (st === null) {
+        const dirStat = fs.fstatSync(fd);
+        fs.closeSync(fd);
+        return { missingFrom: i, dirStat, fd: null };
+      }
       if (isSpecial(st)) throw integrity(); // the inventory passed, so this is a race
       if (!st.isDirectory()) throw new Refusal('INVALID_PATH'); // a file where a directory is needed
       const next = fs.openSync(at(fd, parts[i]), DIR_FLAGS);
       fs.closeSync(fd);
       fd = next;
     }
-    return { missingFrom: -1, dirStat: fs.fstatSync(fd), leaf: lstatAt(fd, parts.at(-1)) };
-  } finally {
+    return { missingFrom: -1, dirStat: fs.fstatSync(fd), fd };
+  } catch (err) {
     fs.closeSync(fd);
+    throw err;
   }
+}
+
+// Closes every descriptor a map of held directories holds (`probe`'s, `writeOne`'s).
+function closeHeld(held) {
+  for (const value of held.values()) {
+    const fd = typeof value === 'number' ? value : value.fd;
+    if (fd !== null) fs.closeSync(fd);
+  }
+  held.clear();
 }
 
 // User code may chmod its own tree; refusing up front beats failing half-way through a write.
@@ -357,55 +385,62 @@ function planWrite(allParts, sizes, overwrite, inventory) {
   const newDirs = new Set();
   let newFiles = 0;
   let bytes = inventory.bytes;
-  allParts.forEach((parts, i) => {
-    const { missingFrom, dirStat, leaf } = probe(parts);
-    if (leaf === null) {
-      needOwnerBits(dirStat, 0o300);
-      // Every missing parent is one new entry, counted once however many files share it.
-      for (let j = missingFrom + 1; missingFrom >= 0 && j < parts.length; j += 1) {
-        newDirs.add(parts.slice(0, j).join('/'));
-      }
-      newFiles += 1;
-      bytes += sizes[i];
-    } else if (isSpecial(leaf)) {
-      throw integrity();
-    } else if (leaf.isDirectory()) {
-      throw new Refusal('INVALID_PATH');
-    } else if (overwrite) {
-      needOwnerBits(leaf, 0o200);
-      bytes += sizes[i] - leaf.size;
-    } // else: an existing file that is kept; it changes nothing
-  });
+  const parents = new Map();
+  try {
+    allParts.forEach((parts, i) => {
+      const { missingFrom, dirStat, leaf } = probe(parts, parents);
+      if (leaf === null) {
+        needOwnerBits(dirStat, 0o300);
+        // Every missing parent is one new entry, counted once however many files share it.
+        for (let j = missingFrom + 1; missingFrom >= 0 && j < parts.length; j += 1) {
+          newDirs.add(parts.slice(0, j).join('/'));
+        }
+        newFiles += 1;
+        bytes += sizes[i];
+      } else if (isSpecial(leaf)) {
+        throw integrity();
+      } else if (leaf.isDirectory()) {
+        throw new Refusal('INVALID_PATH');
+      } else if (overwrite) {
+        needOwnerBits(leaf, 0o200);
+        bytes += sizes[i] - leaf.size;
+      } // else: an existing file that is kept; it changes nothing
+    });
+  } finally {
+    closeHeld(parents);
+  }
   return { entries: inventory.entries + newDirs.size + newFiles, bytes };
 }
 
 let mutated = false; // once true, a failure leaves a partly written workspace: answers carry "partial"
 
-function writeOne(parts, body, overwrite) {
-  const dirFd = openDirChain(parts.slice(0, -1), () => { mutated = true; });
-  try {
-    const st = lstatAt(dirFd, parts.at(-1));
-    if (st !== null && (isSpecial(st) || st.isDirectory())) throw integrity(); // the plan saw otherwise: a race
-    if (st !== null && !overwrite) return 'exists';
-    mutated = true;
-    const fd = st === null
-      ? fs.openSync(at(dirFd, parts.at(-1)), C.O_WRONLY | C.O_CREAT | C.O_EXCL | C.O_NOFOLLOW | C.O_NONBLOCK, 0o600)
-      : fs.openSync(at(dirFd, parts.at(-1)), C.O_WRONLY | C.O_NOFOLLOW | C.O_NONBLOCK);
-    try {
-      const fst = fs.fstatSync(fd);
-      if (!fst.isFile() || fst.nlink !== 1 || (st !== null && (fst.dev !== st.dev || fst.ino !== st.ino))) {
-        throw integrity();
-      }
-      // Truncate only now (not with O_TRUNC): the fstat proved this is the file we judged, not one swapped in.
-      if (st !== null) fs.ftruncateSync(fd, 0);
-      for (let off = 0; off < body.length; ) off += fs.writeSync(fd, body, off, body.length - off);
-    } finally {
-      fs.closeSync(fd);
-    }
-    return st === null ? 'written' : 'overwritten';
-  } finally {
-    fs.closeSync(dirFd);
+// Writes one file; `dirs` holds each parent directory opened for this write by its path, for the files after it.
+function writeOne(parts, body, overwrite, dirs) {
+  const key = parts.slice(0, -1).join('/');
+  let dirFd = dirs.get(key);
+  if (dirFd === undefined) {
+    dirFd = openDirChain(parts.slice(0, -1), () => { mutated = true; });
+    dirs.set(key, dirFd);
   }
+  const st = lstatAt(dirFd, parts.at(-1));
+  if (st !== null && (isSpecial(st) || st.isDirectory())) throw integrity(); // the plan saw otherwise: a race
+  if (st !== null && !overwrite) return 'exists';
+  mutated = true;
+  const fd = st === null
+    ? fs.openSync(at(dirFd, parts.at(-1)), C.O_WRONLY | C.O_CREAT | C.O_EXCL | C.O_NOFOLLOW | C.O_NONBLOCK, 0o600)
+    : fs.openSync(at(dirFd, parts.at(-1)), C.O_WRONLY | C.O_NOFOLLOW | C.O_NONBLOCK);
+  try {
+    const fst = fs.fstatSync(fd);
+    if (!fst.isFile() || fst.nlink !== 1 || (st !== null && (fst.dev !== st.dev || fst.ino !== st.ino))) {
+      throw integrity();
+    }
+    // Truncate only now (not with O_TRUNC): the fstat proved this is the file we judged, not one swapped in.
+    if (st !== null) fs.ftruncateSync(fd, 0);
+    for (let off = 0; off < body.length; ) off += fs.writeSync(fd, body, off, body.length - off);
+  } finally {
+    fs.closeSync(fd);
+  }
+  return st === null ? 'written' : 'overwritten';
 }
 
 async function opWrite(req, take) {
@@ -443,8 +478,13 @@ async function opWrite(req, take) {
   if (after.entries > req.max_entries || after.bytes > req.max_total_bytes) {
     throw new Refusal('WORKSPACE_LIMIT_EXCEEDED');
   }
-  const results = allParts.map((parts, i) => writeOne(parts, bodies[i], req.overwrite));
-  return { results, entries: after.entries, bytes: after.bytes };
+  const dirs = new Map();
+  try {
+    const results = allParts.map((parts, i) => writeOne(parts, bodies[i], req.overwrite, dirs));
+    return { results, entries: after.entries, bytes: after.bytes };
+  } finally {
+    closeHeld(dirs);
+  }
 }
 
 const OPS = { read: opRead, digest: opDigest, list: opList, delete: opDelete, write: opWrite, inventory: () => ({}) };
