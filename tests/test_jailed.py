@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 from code_sandbox.channel.jailed import JailedTransport
 from code_sandbox.channel.observed import RuntimeTransport
+from code_sandbox.channel.transport import runtime_argv
 from code_sandbox.docker_engine import DockerEngine
+from code_sandbox.engine import ExecRequest
+from code_sandbox.hardening import ROOT_USER, SUPERVISOR_USER
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox.evaluation import evaluate_code
 from code_sandbox.sandbox.execution import run_entrypoint
@@ -152,7 +155,7 @@ console.log(JSON.stringify(found));
 """
 
 
-async def test_a_jailed_program_can_write_only_its_workspace_and_scratch_and_run_nothing_it_wrote(
+async def test_a_jailed_program_can_write_only_its_workspace_and_scratch_and_execute_nothing_it_wrote(
     manager: SessionManager, session: Session
 ) -> None:
     """The jail binds the container's mounts one by one: the directories of gVisor's ``/dev`` under the sealed
@@ -181,8 +184,9 @@ console.log(JSON.stringify(out));
 async def test_a_run_reports_gvisors_counters_which_no_jailed_program_can_reach(
     manager: SessionManager, session: Session
 ) -> None:
-    """``jail bind`` mounts gVisor's cgroup counters for the channel at ``/usr/local/gvisor/counters``: a jail's root
-    is a bind of the container's root alone, so a jailed program finds the image's empty directory there, root's."""
+    """``jail bind`` mounts gVisor's cgroup counters read-only for the channel in ``/usr/local/gvisor/counters``, which
+    only root may pass: a jail's root is a bind of the container's root alone, so a jailed program finds the image's
+    directory there, and a uid of the container's own view (the survey's) cannot pass it either."""
     busy = "const c = () => { const u = process.cpuUsage(); return u.user + u.system; }; while (c() < 5e5);"
     await write_files(manager, session.id, [("counters.js", COUNTERS), ("busy.js", busy)], overwrite=False)
     result = await run_entrypoint(manager, session.id, "counters.js", [], timeout_seconds=10)
@@ -190,3 +194,15 @@ async def test_a_run_reports_gvisors_counters_which_no_jailed_program_can_reach(
     used = await run_entrypoint(manager, session.id, "busy.js", [], timeout_seconds=10)
     assert used.cpu_ms is not None and 400 <= used.cpu_ms <= 3000, used
     assert used.peak_memory_bytes is not None and used.peak_memory_bytes < 100_000_000, used
+    engine, profile = manager.provisioner.engine, manager.provisioner.profile
+    for user, expected in ((SUPERVISOR_USER, b"EACCES"), (ROOT_USER, b"EROFS")):
+        argv = runtime_argv(engine, profile, ["/usr/local/bin/node", "-e", _MOVE_A_TASK])
+        seen = engine.exec(session.container_id, ExecRequest(argv, user=user, timeout=30, max_stdout=1024))
+        assert seen.stdout.strip() == expected, (user, seen)
+
+
+# Moves itself into the counters' cgroup (what writing a limit or a task there would take).
+_MOVE_A_TASK = """
+try { require('fs').appendFileSync('/usr/local/gvisor/counters/cgroup/cgroup.procs', `${process.pid}\\n`);
+  console.log('moved'); } catch (e) { console.log(e.code); }
+"""

@@ -19,7 +19,7 @@ from code_sandbox.engine import Engine, normalise_arch
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import READABLE_LOADER, SCRATCH_DIR, WORKSPACE_DIR, readable_runtime
 from code_sandbox.image.elf import is_elf, resolve_runtime_files, with_interpreter
-from code_sandbox.image.jail import JAIL_COUNTERS, JAIL_MODE, JAIL_PATH, JAIL_ROOT, jail_program
+from code_sandbox.image.jail import JAIL_COUNTERS, JAIL_COUNTERS_DIR, JAIL_MODE, JAIL_PATH, JAIL_ROOT, jail_program
 from code_sandbox.image.layout import (
     DOCKERFILE,
     FILE_MODE_IN_IMAGE,
@@ -204,6 +204,7 @@ def _image_entries(
     }
     if jail is not None:
         entries[JAIL_ROOT] = ("directory", 0o755, b"")
+        entries[JAIL_COUNTERS_DIR] = ("directory", 0o700, b"")
         entries[JAIL_COUNTERS] = ("directory", 0o700, b"")
     for image_path in files:
         mode = DIRECTORY_MODE if image_path in tree else 0o755

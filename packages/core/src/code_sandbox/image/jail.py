@@ -9,8 +9,8 @@ kernel) starts every program through this jail:
     once per container: binds the container's root, ``/dev`` and the mounts on it, ``/workspace`` and ``/tmp`` at
     :data:`JAIL_ROOT` (:data:`JAIL_BINDS`)
     (gVisor of 2022 has no mount namespaces: the binds are seen by every process, and change nothing outside), then
-    mounts gVisor's cgroup counters at :data:`JAIL_COUNTERS` where its kernel has them (a run then reports no usage
-    where it has not).
+    mounts gVisor's cgroup counters, read-only, at :data:`JAIL_COUNTERS` where its kernel has them (a run then reports
+    no usage where it has not).
 ``jail run <uid> <program> [<argument>...]``
     takes off the ``proc`` an earlier jail left at :data:`JAIL_PROC`, then moves the next child into a new PID
     namespace; that child (the namespace's init, root) mounts a ``proc`` of the namespace there, enters
@@ -57,10 +57,13 @@ JAIL_BINDS = tuple(
 not those on top of it: ``/dev``'s own (what lies over ``/dev/pts`` and ``/dev/mqueue``) are bound again, or the jail
 would see the directories of gVisor's ``/dev`` under them, which anyone may write files into and run them from."""
 JAIL_PROC = f"{JAIL_ROOT}/proc"
-JAIL_COUNTERS = f"{READABLE_RUNTIME_DIR}/counters"
-"""The image's empty directory (root's, mode 0700) where ``jail bind`` mounts gVisor's cgroup counters (its
-``memory`` and ``cpuacct`` controllers: the sandbox's memory now, its CPU time), which the runner reads around each
-run. A jail does not see it: its root is a bind of the container's root alone, without the mounts on top of it."""
+JAIL_COUNTERS_DIR = f"{READABLE_RUNTIME_DIR}/counters"
+"""An empty directory of the image, root's, mode 0700: no uid but root passes it to the counters' mount in it."""
+JAIL_COUNTERS = f"{JAIL_COUNTERS_DIR}/cgroup"
+"""The image's empty directory where ``jail bind`` mounts gVisor's cgroup counters, read-only (its ``memory`` and
+``cpuacct`` controllers: the sandbox's memory now, its CPU time), which the runner reads around each run. Only root
+reaches it (:data:`JAIL_COUNTERS_DIR`), and a jail does not see the mount: its root is a bind of the container's root
+alone, without the mounts on top of it."""
 
 EXIT_USAGE = 120
 """The jail's own exit codes, when it did not start a program. A program that started may exit with any code; the
@@ -79,6 +82,7 @@ _CLONE_NEWPID = 0x2000_0000
 _O_CLOEXEC = 0o2000000
 _MS_BIND = 0x1000
 _MS_PROC = 2 | 4 | 8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
+_MS_COUNTERS = 1 | _MS_PROC  # and MS_RDONLY: not even root writes a limit or moves a task there
 _MNT_DETACH = 2
 _RLIMIT_NPROC = 6
 _PR_CAPBSET_DROP = 24
@@ -151,7 +155,7 @@ def _x86_64_code(string_address: Callable[[str], int]) -> bytes:
         a.syscall("mount", s(f"bind_source_{index}"), s(f"bind_target_{index}"), 0, _MS_BIND, 0)
         a.test(RAX)
         a.jcc("ne", "bind_failed")
-    a.syscall("mount", s("cgroup"), s("counters"), s("cgroup"), _MS_PROC, s("controllers"))  # its failure is no usage
+    a.syscall("mount", s("cgroup"), s("counters"), s("cgroup"), _MS_COUNTERS, s("controllers"))  # failed: no usage
     a.mov_imm(RDI, 0)
     a.jmp("exit")
     a.label("bind_failed")

@@ -47,7 +47,7 @@ const OOM_COUNTERS = ['/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/mem
 // The sandbox cgroup's usage counters (v1, then v2, then gVisor's where `jail bind` mounted them: no high-water mark
 // there), which user code can read but not change: CPU time in nanoseconds, memory in bytes now and at its highest
 // since the container started.
-const GVISOR_COUNTERS = '/usr/local/gvisor/counters'; // code_sandbox.image.jail.JAIL_COUNTERS
+const GVISOR_COUNTERS = '/usr/local/gvisor/counters/cgroup'; // code_sandbox.image.jail.JAIL_COUNTERS
 const CPU_COUNTERS = [
   ['/sys/fs/cgroup/cpuacct/cpuacct.usage', /^(\d+)$/, 1],
   ['/sys/fs/cgroup/cpu.stat', /^usage_usec (\d+)$/m, 1000],
