@@ -187,7 +187,8 @@ async def test_a_run_reports_gvisors_counters_which_no_jailed_program_can_reach(
     """``jail bind`` mounts gVisor's cgroup counters read-only for the channel in ``/usr/local/gvisor/counters``, which
     only root may pass: a jail's root is a bind of the container's root alone, so a jailed program finds the image's
     directory there, and a uid of the container's own view (the survey's) cannot pass it either."""
-    busy = "const c = () => { const u = process.cpuUsage(); return u.user + u.system; }; while (c() < 5e5);"
+    busy = "const s = process.cpuUsage(); const c = () => { const u = process.cpuUsage(s); return u.user + u.system; };"
+    busy += "while (c() < 5e5);"  # half a second from here: the waiting process booted the runtime before the run
     await write_files(manager, session.id, [("counters.js", COUNTERS), ("busy.js", busy)], overwrite=False)
     result = await run_entrypoint(manager, session.id, "counters.js", [], timeout_seconds=10)
     assert json.loads(result.stdout) == {"listed": "EACCES", "mounted": 0}, result.stdout

@@ -17,7 +17,7 @@ class Programs:
     :param renice: lowers the priority of its parent (the runner that started it) to nice 19.
     :param nice: prints its own nice value.
     :param lock: makes ``locked/b.txt`` and then takes write permission off ``locked`` (mode 0500).
-    :param busy: uses one second of CPU time, then exits 0.
+    :param busy: uses one second of CPU time from its start (not the runtime's boot before it), then exits 0.
     :param hold: holds 200 MB of memory that it has written to for half a second, then exits 0.
     :param probe: prints one JSON object: ``interfaces`` (network interface names), ``connect`` (whether a TCP
         connection to 192.0.2.1:80 succeeded), ``root_write`` (whether writing ``/etc/probe`` succeeded),
@@ -49,7 +49,8 @@ fs.writeFileSync('out/result.txt', 'made by the program');
 """,
     flood="process.stdout.write('x'.repeat(2 * 1024 * 1024));",
     forever="console.log('ready'); setTimeout(() => {}, 60000);",
-    busy="const cpu = () => { const u = process.cpuUsage(); return u.user + u.system; }; while (cpu() < 1e6);",
+    busy="const s = process.cpuUsage(); const cpu = () => { const u = process.cpuUsage(s); return u.user + u.system; };"
+    " while (cpu() < 1e6);",
     hold="const held = Buffer.alloc(200e6, 1); setTimeout(() => console.log(held.length), 500);",
     detach="""
 const { spawn } = require('child_process');
@@ -92,7 +93,7 @@ with open('out/result.txt', 'w') as f:
 """,
     flood="import sys\nsys.stdout.write('x' * (2 * 1024 * 1024))\n",
     forever="import time\nprint('ready', flush=True)\ntime.sleep(60)\n",
-    busy="import time\nwhile time.process_time() < 1:\n    pass\n",
+    busy="import time\nstart = time.process_time()\nwhile time.process_time() - start < 1:\n    pass\n",
     hold=(
         "import time\nheld = bytearray(200_000_000)\nfor i in range(0, len(held), 4096):\n    held[i] = 1\n"
         "time.sleep(0.5)\nprint(len(held))\n"

@@ -160,6 +160,7 @@ def test_the_update_budget_refills_at_its_rate_and_counts_what_it_drops() -> Non
     assert budget.dropped == 2 + 1 + 12
 
 
+@pytest.mark.serial  # the survivor's exec must start while the answer is held: beside other tests it took over 10 s
 async def test_a_process_that_survives_the_run_destroys_the_session(manager: SessionManager, session: Session) -> None:
     # A process of the sandbox uid that the runner did not kill (here: started by a second exec just as the run
     # ends, standing in for one that escaped the runner's kill) must be found by the supervisor's survey.
