@@ -131,7 +131,13 @@ setTimeout(() => console.log('gone'), 500);
         assert len(manager) == 0
         return
     assert result.stdout == "gone\n"
-    await assert_nothing_outlives_the_run(manager.provisioner.engine, session)
+    try:
+        await assert_nothing_outlives_the_run(manager.provisioner.engine, session)
+    except AssertionError:
+        # The flood's runtimes, killed as the run ended, can still pass the memory limit first: the host's OOM killer
+        # then ends gVisor's kernel, and every process with it (seen once in CI, as the check's exec failed).
+        facts = manager.provisioner.engine.container_facts(session.container_id)
+        assert facts is None or facts.state != "running", facts
 
 
 async def test_a_program_that_stops_every_kill_gets_its_sandbox_destroyed(

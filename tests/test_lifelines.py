@@ -53,10 +53,14 @@ def _running(engine: DockerEngine) -> list[str]:
     return [container.id for container in worker_containers(engine) if container.state == "running"]
 
 
-def _wait_until(condition: object, within: float, what: str) -> None:
+def _wait_until(condition: object, within: float, what: str, engine: DockerEngine | None = None) -> None:
+    """Until ``condition()``; past ``within`` seconds a failure that says ``what`` (and, given ``engine``, the state of
+    each container this worker made)."""
     deadline = time.monotonic() + within
     while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
+        if time.monotonic() >= deadline:
+            left = [] if engine is None else [(c.state, c.labels.get(LABEL_RUNTIME)) for c in worker_containers(engine)]
+            raise AssertionError(f"{what}; left: {left}")
         time.sleep(0.1)
 
 
@@ -111,7 +115,7 @@ def test_a_server_killed_at_any_moment_of_its_start_leaves_nothing_running(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         never_started = lambda: all(c.state == "created" for c in worker_containers(engine))  # noqa: E731
-        _wait_until(never_started, 20, f"a sandbox outlived its server killed after {delay}s")
+        _wait_until(never_started, 20, f"a sandbox outlived its server killed after {delay}s", engine)
         for container in worker_containers(engine):  # made, never started: this worker's own, removed here
             engine.remove_container(container.id)
 

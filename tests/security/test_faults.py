@@ -22,6 +22,7 @@ from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.settings import Settings
 
 from tests.security.conftest import Arena
+from tests.support.forwarding_engine import EndlessEngine
 from tests.support.output import errors_of_a_run_broken_by, on_first_output
 from tests.support.run import worker_containers, worker_tag
 from tests.support.second_engine import SecondEngine
@@ -48,6 +49,26 @@ async def test_a_container_removed_during_a_run_gives_a_clear_error_and_the_next
     await write_files(arena.manager, replacement.id, [("ok.js", "console.log('fine')")], overwrite=False)
     assert (await run_entrypoint(arena.manager, replacement.id, "ok.js", [], timeout_seconds=5)).stdout == "fine\n"
     await arena.assert_bystander_unaffected()
+
+
+async def test_a_run_ends_soon_after_its_container_is_removed_though_its_channel_never_ends(
+    engine: DockerEngine, profile: Profile
+) -> None:
+    # Under gVisor a removed container's held exec has stayed open until the run's deadline (35 s in CI): the host
+    # asks the engine every 2 s while a call is under way, and closes the channel of a container that is gone.
+    manager = SessionManager(EndlessEngine(engine), profile, Settings(max_sessions=1, warm_pool=0))
+    try:
+        victim = await manager.create()
+
+        async def remove_it() -> None:
+            await anyio.to_thread.run_sync(engine.remove_container, victim.container_id)
+
+        errors, seconds = await errors_of_a_run_broken_by(manager, victim.id, remove_it)
+        assert [e.code for e in errors] == [ErrorCode.CONTAINER_UNAVAILABLE]
+        assert seconds < 20, seconds  # the run's own deadline and the host's grace: 35 s
+        assert len(manager) == 0
+    finally:
+        await manager.shutdown()
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import BinaryIO, cast
@@ -28,6 +30,7 @@ from code_sandbox.engine import (
     Usage,
     WatchRequest,
 )
+from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import ContainerRequest
 
 
@@ -207,3 +210,37 @@ def _operation_of(frame: bytes) -> str | None:
         return None
     operation = cast(dict[str, object], envelope).get("op") if isinstance(envelope, dict) else None
     return operation if isinstance(operation, str) else None
+
+
+class EndlessEngine(ForwardingEngine):
+    """Every held exec's end never arrives, as under gVisor once the container was removed (its attach stream can stay
+    open until the call's deadline): a read that meets the end waits instead until the stream is closed (then it
+    fails as a closed channel does) or until its deadline passes (a timeout)."""
+
+    def open_exec(self, container_id: str, argv: list[str], *, user: str, privileged: bool = False) -> ExecStream:
+        return _EndlessStream(self.inner.open_exec(container_id, argv, user=user, privileged=privileged))
+
+
+class _EndlessStream:
+    def __init__(self, inner: ExecStream) -> None:
+        self._inner = inner
+        self._closed = threading.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
+    def send(self, chunks: Iterable[bytes], deadline: float) -> None:
+        self._inner.send(chunks, deadline)
+
+    def read_line(self, request: LineRequest) -> bytes:
+        try:
+            return self._inner.read_line(request)
+        except SandboxError:
+            if self._closed.wait(max(request.deadline - time.monotonic(), 0)):
+                raise SandboxError(ErrorCode.TRANSFER_FAILED, "the channel to the sandbox closed") from None
+            raise SandboxError(ErrorCode.TIMEOUT, "the sandbox helper did not answer in time") from None
+
+    def close(self) -> None:
+        self._closed.set()
+        self._inner.close()

@@ -33,6 +33,8 @@ class Channel:
     :param fail_closed: destroys the session (see :data:`FailClosed`).
     :param seconds_left: how long the sandbox still lived when the lease began; a run must not outlast it.
     :param name: the session's hash, for logs.
+    :param container_gone: asks the engine whether the container no longer runs (blocking; ``False`` when it cannot
+        say). A call under way asks it now and then, and ends as soon as the answer is yes.
     """
 
     transport: Transport
@@ -40,6 +42,7 @@ class Channel:
     fail_closed: FailClosed
     seconds_left: float
     name: str = "-"
+    container_gone: Callable[[], bool] | None = None
 
     @contextlib.asynccontextmanager
     async def guard(self, *, crashed: SandboxError, hung: SandboxError) -> AsyncGenerator[None]:

@@ -164,7 +164,17 @@ class SessionManager:
                 partial(self.fail_closed_with, session),
                 seconds_left=session.deadline - self.clock(),
                 name=session.hash,
+                container_gone=partial(self._container_gone, session.container_id),
             )
+
+    def _container_gone(self, container_id: str) -> bool:
+        """Whether the engine says the container is gone or has stopped; ``False`` when it does not answer (the
+        call's own deadline still holds)."""
+        try:
+            facts = self.provisioner.engine.container_facts(container_id)
+        except SandboxError:
+            return False
+        return facts is None or facts.state in ("exited", "dead", "removing")
 
     # -- create -------------------------------------------------------------------------------------------------
 

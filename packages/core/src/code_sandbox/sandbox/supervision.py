@@ -39,6 +39,9 @@ CANCEL_WAIT_SECONDS = 0.5
 SURVEY_TIMEOUT_SECONDS = 10.0
 SURVEY_RETRY_PAUSES = (0.0, 0.25, 1.0)
 """Before each new survey after one that could not answer: the first at once, as the run is over already."""
+CONTAINER_CHECK_SECONDS = 2.0
+"""While a call is under way, how often the host asks the engine whether its container still runs: the held exec of
+a removed container can stay open until the call's deadline (seen under gVisor), so its end is not waited for."""
 
 
 async def supervise_call(
@@ -90,6 +93,7 @@ async def _guarded_call(
         f"the {what}'s supervisor was stopped or answered out of protocol; the sandbox was destroyed",
     )
     hung = SandboxError(ErrorCode.TIMEOUT, f"the {what} did not stop at its deadline; the sandbox was destroyed")
+    threading.Thread(target=_watch_container, args=(channel, finished), name="container-watch", daemon=True).start()
     try:
         async with channel.guard(crashed=crashed, hung=hung):
             return await supervise(call, progress, output)
@@ -98,6 +102,18 @@ async def _guarded_call(
         with anyio.CancelScope(shield=True):
             await cancel_run(channel, finished)
         raise
+
+
+def _watch_container(channel: Channel, finished: threading.Event) -> None:
+    """Until the call has finished: once the engine says the container is gone, forget it in the transport, which
+    closes its channel and so ends the call (the guard then finds the container gone: ``CONTAINER_UNAVAILABLE``)."""
+    if channel.container_gone is None:
+        return
+    while not finished.wait(CONTAINER_CHECK_SECONDS):
+        if channel.container_gone():
+            logger.info("sandbox %s: its container is gone during a call", channel.name)
+            channel.transport.close(channel.target.container)
+            return
 
 
 def decode_output(b64: str, total: int, truncated: bool) -> bytes:
