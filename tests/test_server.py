@@ -885,7 +885,8 @@ async def test_destroy_answers_before_the_removal_and_the_container_ends_by_itse
             assert error_code(await client.call_tool("list_files", {"session_id": sid})) == "INVALID_SESSION"
             # The removal is still held, as if this server had died: the container goes on its own.
             await none_of_mine(engine)
-            assert held.asked == [container.id]
+            # Its removal was asked (and held); under load the pool may have discarded a warm container too.
+            assert held.asked.count(container.id) == 1, held.asked
             assert ok(await client.call_tool("destroy_sandbox", {"session_id": sid})) == {"destroyed": False}
 
 
