@@ -329,14 +329,16 @@ function parseHeader(buf) {
 // directory's stat, and the target's lstat (null when absent). `parents` holds each parent directory's look (and
 // descriptor) for the files of one write that share it; the caller closes them.
 function probe(parts, parents) {
-  const key = parts.slice(0, -1).join('/');
-  let parent = parents.get(key);
-  if (parent === undefined) {
-    parent = probeDirectory(parts.slice(0, -1));
-    parents.set(key, parent);
-  }
-  const { missingFrom, dirStat, fd } = parent;
+  const { missingFrom, dirStat, fd } = heldParent(parts, parents, probeDirectory);
   return { missingFrom, dirStat, leaf: fd === null ? null : lstatAt(fd, parts.at(-1)) };
+}
+
+// What `open(directory)` gave for the parent directory of `parts` ({fd, ...}), kept in `held` by its path for the
+// other files of one write; `closeHeld` closes every descriptor kept.
+function heldParent(parts, held, open) {
+  const key = parts.slice(0, -1).join('/');
+  if (!held.has(key)) held.set(key, open(parts.slice(0, -1)));
+  return held.get(key);
 }
 
 // The first missing component of the directory `parts` (or -1), the deepest existing directory's stat, and, when
@@ -364,10 +366,9 @@ function probeDirectory(parts) {
   }
 }
 
-// Closes every descriptor a map of held directories holds (`probe`'s, `writeOne`'s).
+// Closes every descriptor a map of held directories holds (`heldParent`'s).
 function closeHeld(held) {
-  for (const value of held.values()) {
-    const fd = typeof value === 'number' ? value : value.fd;
+  for (const { fd } of held.values()) {
     if (fd !== null) fs.closeSync(fd);
   }
   held.clear();
@@ -416,12 +417,7 @@ let mutated = false; // once true, a failure leaves a partly written workspace: 
 
 // Writes one file; `dirs` holds each parent directory opened for this write by its path, for the files after it.
 function writeOne(parts, body, overwrite, dirs) {
-  const key = parts.slice(0, -1).join('/');
-  let dirFd = dirs.get(key);
-  if (dirFd === undefined) {
-    dirFd = openDirChain(parts.slice(0, -1), () => { mutated = true; });
-    dirs.set(key, dirFd);
-  }
+  const { fd: dirFd } = heldParent(parts, dirs, (dir) => ({ fd: openDirChain(dir, () => { mutated = true; }) }));
   const st = lstatAt(dirFd, parts.at(-1));
   if (st !== null && (isSpecial(st) || st.isDirectory())) throw integrity(); // the plan saw otherwise: a race
   if (st !== null && !overwrite) return 'exists';
