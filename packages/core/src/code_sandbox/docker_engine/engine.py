@@ -276,7 +276,6 @@ class DockerEngine:
                 before_start(container_id)
             if start:
                 self._start(container_id, runtime)
-                self._lifelines.confirm(container_id)
             return container_id
         except BaseException:
             with contextlib.suppress(SandboxError):

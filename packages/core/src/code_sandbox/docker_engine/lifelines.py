@@ -5,23 +5,17 @@ A container made with a lifeline has its stdin open and closed once its one atta
 when its stdin reaches end-of-file. So when the server goes, however it goes (its client closes its stdin, SIGTERM,
 SIGKILL of the server or of its whole process group), the kernel closes the connection, the engine closes the
 container's stdin, and the sandbox ends itself and is removed (``auto_remove``): nothing waits for the next server's
-sweep. Once the container has started, the server sends one byte down the lifeline: a watchdog that gets none within
-10 s ends the sandbox, since a server killed just as the container started may leave its stdin open for good (seen
-in CI: a sandbox still ran 20 s after its server was killed). Over ssh the connection is the ssh client's, which ends
-with its parent or its pipe.
+sweep. Over ssh the connection is the ssh client's, which ends with its parent or its pipe.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 
 from code_sandbox.docker_engine.failures import translate
 from code_sandbox.docker_engine.sdk import Client, RawStream, attach_socket
-from code_sandbox.docker_engine.streams import close_stream, send_all
-from code_sandbox.errors import ErrorCode, SandboxError
-
-CONFIRM_SECONDS = 5.0
+from code_sandbox.docker_engine.streams import close_stream
+from code_sandbox.errors import ErrorCode
 
 
 class Lifelines:
@@ -40,22 +34,6 @@ class Lifelines:
             attached: object = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
         with self._lock:
             self._held[container_id] = (attached, attach_socket(attached))
-
-    def confirm(self, container_id: str) -> None:
-        """Once the container has started: one byte down its lifeline, which proves to the watchdog that the engine
-        joined the connection to its stdin (a watchdog that gets none within 10 s ends the sandbox: its server died as
-        it started, and the engine need then never close its stdin).
-
-        :raises SandboxError: ``CONTAINER_START_FAILED`` when the byte cannot be sent (the sandbox then ends itself).
-        """
-        with self._lock:
-            held = self._held.get(container_id)
-        if held is None:
-            return
-        try:
-            send_all(held[1], [b"\n"], time.monotonic() + CONFIRM_SECONDS)
-        except SandboxError:
-            raise SandboxError(ErrorCode.CONTAINER_START_FAILED, "the sandbox container could not be started") from None
 
     def release(self, container_id: str) -> None:
         """Close the container's lifeline, if it has one here (its watchdog then ends it)."""

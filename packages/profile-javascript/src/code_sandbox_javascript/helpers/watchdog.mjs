@@ -5,7 +5,7 @@
 // Usage: node /opt/sandbox/watchdog.mjs [--lifeline] <lifetime_seconds> [<claimed_lifetime_seconds>]
 //        (lifetimes in ASCII digits, 1..86400)
 //
-// With --lifeline it also exits when its stdin reaches end-of-file (or brings no byte within 10 s of its start): the server holds the container's stdin open
+// With --lifeline it also exits when its stdin reaches end-of-file: the server holds the container's stdin open
 // from before the start (the engine closes it when the server's connection goes, however the server ended), so a
 // sandbox whose server is gone ends itself at once. Nothing is ever read from it.
 //
@@ -68,13 +68,8 @@ process.on('SIGINT', () => process.exit(0));
 process.on('SIGHUP', () => {});
 process.on('SIGPIPE', () => {});
 
-// The server writes one byte down the lifeline once the container has started, which proves that the engine joined
-// its connection to this stdin; without it by LIFELINE_CONFIRM_MS the server died as the container started (the engine
-// then need never close this stdin), and the sandbox ends itself.
-const LIFELINE_CONFIRM_MS = 10_000;
 if (lifeline) {
-  const unconfirmed = setTimeout(() => process.exit(0), LIFELINE_CONFIRM_MS);
-  process.stdin.on('data', () => clearTimeout(unconfirmed)); // whatever comes after the first byte is dropped
+  process.stdin.on('data', () => {}); // the server never writes; anything that came would be dropped
   process.stdin.on('end', () => process.exit(0));
   process.stdin.on('error', () => process.exit(0));
 }
