@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import snapshots
 from code_sandbox.channel.transport import runtime_argv
 from code_sandbox.docker_engine import DockerEngine, build_create_arguments
 from code_sandbox.engine import RuntimeFacts
@@ -479,11 +480,15 @@ def main() -> None:
     mcp_warm = {k: summary(v) for k, v in anyio.run(mcp_surface, iterations, 1).items()}
     server = anyio.run(server_memory_and_startup, 60 if options.quick else 200)
     memory = anyio.run(density, 10 if options.quick else 20, image.id, runtime, engine) if not GVISOR[0] else None
+    cp_floor = summary(snapshots.docker_cp_floor(engine, image.id, iterations))
+    snap_cold = {k: summary(v) for k, v in anyio.run(snapshots.through_mcp, iterations, 0).items()}
+    snap_warm = {k: summary(v) for k, v in anyio.run(snapshots.through_mcp, iterations, 1).items()}
     with tempfile.TemporaryDirectory(prefix="code-sandbox-bench-") as state:
         anyio.run(cold_first_result, 1, Path(state))  # the machine's first launch: it records the verification
         cold = {k: summary(v) for k, v in anyio.run(cold_first_result, 3 if options.quick else 10, Path(state)).items()}
 
     rows: list[tuple[str, dict[str, float], str | None, float | None]] = []
+    floor[snapshots.CP_FLOOR] = cp_floor
     for name, stats in floor.items():
         rows.append((f"raw: {name}", stats, None, None))
     ratios = {
@@ -506,6 +511,13 @@ def main() -> None:
         "mcp: execute_javascript (pool on)": (mcp_warm["execute_javascript"], "create+exec+remove"),
         "cold: spawn to first execute_javascript": (cold["spawn to first execute_javascript"], "create+exec+remove"),
     }
+    for pool, figures in (("off", snap_cold), ("on", snap_warm)):
+        ratios[f"snapshot_sandbox 10 MiB (pool {pool})"] = (
+            figures["snapshot_sandbox"],
+            "docker cp 1,000 files / 10 MiB",
+        )
+        ratios[f"create_sandbox from it (pool {pool})"] = (figures["create_sandbox from_snapshot"], "create+start")
+        ratios[f"create_sandbox beside it (pool {pool})"] = (figures["create_sandbox"], "create+start")
     if EVALUATES[0]:
         ratios["mcp: evaluate_javascript first"] = (mcp_cold["evaluate_javascript first"], "exec node -e 0")
         ratios["mcp: evaluate_javascript follow-up"] = (mcp_cold["evaluate_javascript follow-up"], "exec node -e 0")
@@ -522,6 +534,11 @@ def main() -> None:
     )  # fmt: skip
     report += [
         "",
+        *(
+            f"create_sandbox from a snapshot of 10 MiB / a plain create_sandbox, pool {pool}: "
+            f"{figures['create_sandbox from_snapshot']['p50_ms'] / figures['create_sandbox']['p50_ms']:.2f}x (p50)"
+            for pool, figures in (("off", snap_cold), ("on", snap_warm))
+        ),
         f"trust model: {model}",
         *([f"evaluate_javascript follow-up / run_javascript hello: {follow_up:.2f}x (p50)"] if follow_up else []),
         f"server start-up to initialize reply: {cold['spawn to initialize']['p50_ms']:.0f} ms (p50; target 200 ms)",
@@ -558,6 +575,7 @@ def main() -> None:
         "iterations": iterations, "runtime": runtime.name,
         "floor": floor, "core_pool_off": core_cold, "core_pool_on": core_warm,
         "mcp_pool_off": mcp_cold, "mcp_pool_on": mcp_warm, "server": server, "cold": cold, "memory": memory,
+        "snapshots_pool_off": snap_cold, "snapshots_pool_on": snap_warm,
         "ratios": {name: ratio for name, _s, _f, ratio in rows if ratio is not None},
         "evaluate_follow_up_to_run_hello": follow_up,
     }, indent=2))  # fmt: skip

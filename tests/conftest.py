@@ -22,6 +22,7 @@ from code_sandbox.image import build_offline_image, verify_image
 from code_sandbox.plugins import create_plugin_manager, select_profile
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.snapshot_store import LABEL_SNAPSHOT
 from code_sandbox.settings import Settings
 
 from tests.support.run import (
@@ -104,6 +105,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         problems.append(f"container tagged {container.labels[LABEL_TAG]} ({container.state}) outlived the run")
         with contextlib.suppress(SandboxError):
             engine.remove_container(container.id)
+    try:
+        snapshots = [
+            s for s in engine.list_snapshots(LABEL_SNAPSHOT) if s.labels.get(LABEL_TAG, "").startswith(run_id())
+        ]
+    except SandboxError:
+        snapshots = []
+    for snapshot in snapshots:
+        problems.append(f"snapshot tagged {snapshot.labels[LABEL_TAG]} outlived the run")
+        with contextlib.suppress(SandboxError):
+            engine.remove_snapshot(snapshot.id)
     engine.close()
     run_dir = Path(os.environ[RUN_DIR_ENV])
     problems += [f"temporary file left in the run's directory: {name}" for name in stray_files(run_dir)]
@@ -198,6 +209,15 @@ def cleanup_managed(engine: DockerEngine) -> Iterator[None]:
     """Remove the containers a test of this worker leaves behind, even when it fails; nobody else's."""
     yield
     remove_tagged(engine, WORKER_TAG)
+
+
+@pytest.fixture
+def snapshots_removed(engine: DockerEngine) -> Iterator[None]:
+    """Remove the snapshots of this worker's servers after the test, tagged or not; nobody else's."""
+    yield
+    for stored in engine.list_snapshots(f"{LABEL_TAG}={WORKER_TAG}"):
+        if LABEL_SNAPSHOT in stored.labels:
+            engine.remove_snapshot(stored.id)
 
 
 @pytest.fixture

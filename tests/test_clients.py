@@ -83,7 +83,7 @@ def test_the_reference_sdks_client_gets_every_result_and_every_error_with_its_co
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
     listed, *answers = [json.loads(line) for line in completed.stdout.splitlines()]
-    assert len(listed["listed"]) == 9
+    assert len(listed["listed"]) == 11
     *lived, unknown = answers
     outputs: list[str] = []
     for answer in lived:
@@ -111,7 +111,7 @@ def test_inspectors_strict_lint_finds_nothing_in_the_tool_list(tmp_path: Path, i
     completed = _inspector(tmp_path, "tools/list", "--strict", "--format", "json")
     assert completed.returncode == 0, completed.stderr[-2000:]
     answer = json.loads(completed.stdout)
-    assert len(answer["result"]["tools"]) == 9
+    assert len(answer["result"]["tools"]) == 11
     assert "schemaFindings" not in answer, answer.get("schemaFindings")
     assert "portability" not in completed.stderr, completed.stderr
 
@@ -277,7 +277,7 @@ def test_gemini_cli_with_the_readmes_registration_uses_every_tool_and_shows_each
         # Gemini CLI checks arguments against the input schema itself: a misspelled field never reaches the server.
         _assert_seen(model.gemini_outputs(), "gemini", {UNKNOWN_FIELD: "must NOT have additional properties"})
         ours = [tool for tool in model.declared_tools() if tool["name"].startswith("mcp_code-sandbox_")]
-        assert len(ours) == 9
+        assert len(ours) == 11
         assert all("wait_for_previous" in json.dumps(tool) for tool in ours)  # Gemini's own, on every tool
     assert model.stray == []
     assert worker_containers(engine) == []

@@ -143,4 +143,4 @@ def test_the_mount_answers_as_serve_does(mount: str, version: str, tmp_path: Pat
     over_http = _over_http(mount, messages)
     assert over_http == _over_stdio(tmp_path, messages)  # the SDK's answers, a first start's
     assert over_http == _over_stdio(tmp_path, messages)  # and the record's, a later start's
-    assert len(over_http[-1]["tools"]) == 9
+    assert len(over_http[-1]["tools"]) == 11

@@ -31,8 +31,10 @@ from code_sandbox.hardening import (
 )
 from code_sandbox.image import build_offline_image
 from code_sandbox.profile import Profile
+from code_sandbox.sandbox import snapshots
 from code_sandbox.sandbox.execution import run_entrypoint
 from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.snapshot_store import SnapshotStore
 from code_sandbox.sandbox.sweep import survey_managed
 from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.settings import Settings, SettingsError
@@ -334,6 +336,34 @@ async def test_a_sandbox_works_on_an_engine_reached_over_ssh(
         assert await manager.destroy(session.id)
     finally:
         await manager.shutdown()
+        engine.close()
+
+
+@pytest_docker
+@pytest.mark.anyio
+async def test_a_snapshot_is_kept_and_restored_on_an_engine_reached_over_ssh(
+    ssh_host: SshEngineHost, profile: Profile, image_id: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", ssh_host.environment["HOME"])
+    engine = DockerEngine(
+        address=EngineAddress.from_environment(ssh_host.environment), labels={LABEL_TAG: worker_tag()}
+    )
+    engine.verified_images.add((profile.name, image_id))
+    settings = Settings(max_sessions=2, default_timeout=20, max_timeout=60)
+    manager = SessionManager(engine, profile, settings)
+    store = SnapshotStore(engine, settings, profile.name, tmp_path)
+    try:
+        session = await manager.create()
+        await write_files(manager, session.id, [("data/hi.js", "console.log(6 * 7)")], overwrite=False)
+        info, _content = await snapshots.take(manager, store, session.id, "over-ssh")
+        assert (info.files, store.kept()[0].name) == (1, "over-ssh")
+        restored, _content = await snapshots.restore(manager, store, "over-ssh")
+        result = await run_entrypoint(manager, restored.id, "data/hi.js", [], timeout_seconds=20)
+        assert (result.stdout, result.exit_code) == ("42\n", 0)
+    finally:
+        await manager.shutdown()
+        for kept in store.kept():
+            store.remove(kept)
         engine.close()
 
 

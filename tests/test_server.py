@@ -140,7 +140,7 @@ async def test_the_tool_list_documents_every_parameter_with_annotations_and_outp
     names = {tool.name for tool in tools}
     assert names == {
         "create_sandbox", "write_files", "list_files", "read_file", "delete_files", "run_javascript",
-        "destroy_sandbox", "execute_javascript", "evaluate_javascript",
+        "destroy_sandbox", "execute_javascript", "evaluate_javascript", "snapshot_sandbox", "list_snapshots",
     }  # fmt: skip
     for tool in tools:
         assert tool.description and len(tool.description) > 120, tool.name  # purpose, and when to use a sibling
@@ -158,6 +158,7 @@ async def test_the_tool_list_documents_every_parameter_with_annotations_and_outp
         "create_sandbox": (False, False), "write_files": (False, True), "list_files": (True, True),
         "read_file": (True, True), "delete_files": (False, True), "run_javascript": (False, False),
         "destroy_sandbox": (False, True), "execute_javascript": (False, False), "evaluate_javascript": (False, False),
+        "snapshot_sandbox": (False, False), "list_snapshots": (True, True),
     }  # fmt: skip
     # Their effects never leave a disposable sandbox the caller made: none touches the user's world (README).
     assert {(tool.annotations.destructive_hint, tool.annotations.open_world_hint) for tool in tools} == {(False, False)}  # type: ignore[union-attr]
@@ -691,7 +692,7 @@ async def test_the_servers_stdout_carries_only_json_rpc_while_it_runs_logs_and_f
 
     async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
         await client.initialize()
-        assert len((await client.list_tools()).tools) == 9
+        assert len((await client.list_tools()).tools) == 11
         noisy = {"files": [{"path": "noisy.js", "content": NOISY}], "entrypoint": "noisy.js"}
         run = ok(await client.call_tool("execute_javascript", noisy, progress_callback=on_progress))
         assert run["stdout"].startswith("to stdout\n") and run["stderr"].startswith("to stderr\n")
@@ -773,7 +774,7 @@ async def test_a_tagged_servers_start_up_sweep_removes_its_tags_garbage_and_leav
             with anyio.fail_after(20):
                 while await anyio.to_thread.run_sync(engine.container_facts, ours):  # noqa: ASYNC110
                     await anyio.sleep(0.1)
-            assert len((await client.list_tools()).tools) == 9
+            assert len((await client.list_tools()).tools) == 11
         facts = other_client.container_facts(theirs)
         assert facts is not None and facts.state == "running"  # expired, but another client's to judge
     finally:
@@ -823,7 +824,7 @@ async def test_an_unreachable_daemon_at_start_gives_container_unavailable_not_a_
     async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
         await client.initialize()
         assert error_code(await client.call_tool("create_sandbox", {})) == "CONTAINER_UNAVAILABLE"
-        assert len((await client.list_tools()).tools) == 9
+        assert len((await client.list_tools()).tools) == 11
 
 
 @pytest.fixture
@@ -1073,7 +1074,7 @@ def test_the_compact_schemas_accept_and_refuse_what_the_models_schemas_do(profil
                         assert verdicts[0] == verdicts[1], (tool.name, name, value)
 
 
-TOOLS_LIST_BUDGET = 21_000
+TOOLS_LIST_BUDGET = 23_500
 """Characters of the compact ``tools/list`` result JSON: every client pays for it in every conversation."""
 
 

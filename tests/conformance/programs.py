@@ -23,6 +23,12 @@ class Programs:
         connection to 192.0.2.1:80 succeeded), ``root_write`` (whether writing ``/etc/probe`` succeeded),
         ``cap_eff`` (``CapEff`` of /proc/self/status) and ``kill_watchdog`` (the error name, or ``"sent"``, of
         SIGKILL sent to the process whose command line names the watchdog; ``"unseen"`` when none can be seen).
+    :param tree: makes a workspace of every kind a snapshot keeps: directories of modes 0700, 0750 and 0500 (one
+        empty), files of modes 0600, 0640, 0400 and 0755 with every byte value, a second hard link of one, a link to
+        a file and one to nowhere; and a special file (a FIFO or a socket), which a snapshot skips.
+    :param listing: prints one JSON list, sorted by path, of every entry of the workspace but the programs
+        themselves (whose names start with ``program`` or ``tree``/``listing``): ``[path, kind, mode, sha256 or
+        target]``, where kind is ``directory``, ``file``, ``symlink`` or ``other``.
     """
 
     suffix: str
@@ -37,6 +43,8 @@ class Programs:
     busy: str
     hold: str
     probe: str
+    tree: str
+    listing: str
 
 
 JAVASCRIPT = Programs(
@@ -79,6 +87,45 @@ catch (error) { result.kill_watchdog = error.code; }
 const socket = net.connect({ host: '192.0.2.1', port: 80, timeout: 2000 });
 const done = (connected) => { result.connect = connected; socket.destroy(); console.log(JSON.stringify(result)); };
 socket.on('connect', () => done(true)).on('error', () => done(false)).on('timeout', () => done(false));
+""",
+    tree="""
+const fs = require('fs'), net = require('net');
+fs.mkdirSync('keep/inner', { recursive: true });
+fs.mkdirSync('empty');
+fs.mkdirSync('locked');
+fs.writeFileSync('keep/bytes.bin', Buffer.from([...Array(256).keys()]));
+fs.writeFileSync('keep/inner/text.txt', 'snapshot ✓\\n');
+fs.writeFileSync('ro.txt', 'read only');
+fs.writeFileSync('run.sh', '#!/bin/sh\\n');
+fs.writeFileSync('locked/in.txt', 'behind 0500');
+fs.linkSync('keep/bytes.bin', 'keep/hard.bin');
+fs.symlinkSync('../ro.txt', 'keep/link');
+fs.symlinkSync('/nowhere/at/all', 'dangling');
+fs.chmodSync('keep/bytes.bin', 0o640);
+fs.chmodSync('ro.txt', 0o400);
+fs.chmodSync('run.sh', 0o755);
+fs.chmodSync('keep/inner', 0o750);
+fs.chmodSync('locked', 0o500);
+const server = net.createServer().listen('special', () => process.exit(0));
+""",
+    listing="""
+const fs = require('fs'), crypto = require('crypto');
+const seen = [];
+const walk = (dir) => {
+  for (const name of fs.readdirSync(dir || '.')) {
+    const path = dir ? `${dir}/${name}` : name;
+    if (/^(program|tree|listing)/.test(path)) continue;
+    const st = fs.lstatSync(path);
+    const kind = st.isDirectory() ? 'directory' : st.isFile() ? 'file' : st.isSymbolicLink() ? 'symlink' : 'other';
+    const what = kind === 'file' ? crypto.createHash('sha256').update(fs.readFileSync(path)).digest('hex')
+      : kind === 'symlink' ? fs.readlinkSync(path) : '';
+    seen.push([path, kind, st.mode & 0o777, what]);
+    if (kind === 'directory') walk(path);
+  }
+};
+walk('');
+seen.sort((a, b) => Buffer.compare(Buffer.from(a[0]), Buffer.from(b[0])));
+console.log(JSON.stringify(seen));
 """,
 )
 
@@ -144,6 +191,46 @@ try:
 except OSError:
     result['connect'] = False
 print(json.dumps(result))
+""",
+    tree="""
+import os
+os.makedirs('keep/inner')
+os.mkdir('empty')
+os.mkdir('locked')
+for path, data in [('keep/bytes.bin', bytes(range(256))), ('keep/inner/text.txt', 'snapshot ✓\\n'.encode()),
+                   ('ro.txt', b'read only'), ('run.sh', b'#!/bin/sh\\n'), ('locked/in.txt', b'behind 0500')]:
+    with open(path, 'wb') as f:
+        f.write(data)
+os.link('keep/bytes.bin', 'keep/hard.bin')
+os.symlink('../ro.txt', 'keep/link')
+os.symlink('/nowhere/at/all', 'dangling')
+for path, mode in [('keep/bytes.bin', 0o640), ('ro.txt', 0o400), ('run.sh', 0o755), ('keep/inner', 0o750),
+                   ('locked', 0o500)]:
+    os.chmod(path, mode)
+os.mkfifo('special')
+""",
+    listing="""
+import hashlib, json, os, re, stat
+seen = []
+def walk(top):
+    for name in os.listdir(top or '.'):
+        path = f'{top}/{name}' if top else name
+        if re.match('(program|tree|listing)', path):
+            continue
+        st = os.lstat(path)
+        kind = ('directory' if stat.S_ISDIR(st.st_mode) else 'file' if stat.S_ISREG(st.st_mode)
+                else 'symlink' if stat.S_ISLNK(st.st_mode) else 'other')
+        if kind == 'file':
+            with open(path, 'rb') as f:
+                what = hashlib.sha256(f.read()).hexdigest()
+        else:
+            what = os.readlink(path) if kind == 'symlink' else ''
+        seen.append([path, kind, st.st_mode & 0o777, what])
+        if kind == 'directory':
+            walk(path)
+walk('')
+seen.sort(key=lambda row: row[0].encode())
+print(json.dumps(seen, ensure_ascii=False))
 """,
 )
 

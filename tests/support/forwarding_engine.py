@@ -27,6 +27,7 @@ from code_sandbox.engine import (
     LineRequest,
     RuntimeFacts,
     StderrSink,
+    StoredSnapshot,
     Usage,
     WatchRequest,
 )
@@ -116,6 +117,21 @@ class ForwardingEngine:
 
     def remove_leftover_volumes(self, *, tag: str | None = None, grace: float) -> int:
         return self.inner.remove_leftover_volumes(tag=tag, grace=grace)
+
+    def store_snapshot(self, blob: bytes, labels: Mapping[str, str], tag: str) -> str:
+        return self.inner.store_snapshot(blob, labels, tag)
+
+    def read_snapshot(self, snapshot_id: str, *, max_bytes: int) -> Iterator[bytes]:
+        return self.inner.read_snapshot(snapshot_id, max_bytes=max_bytes)
+
+    def find_snapshot(self, tag: str) -> StoredSnapshot | None:
+        return self.inner.find_snapshot(tag)
+
+    def list_snapshots(self, label: str) -> list[StoredSnapshot]:
+        return self.inner.list_snapshots(label)
+
+    def remove_snapshot(self, snapshot_id: str) -> bool:
+        return self.inner.remove_snapshot(snapshot_id)
 
 
 def innermost(engine: Engine) -> Engine:

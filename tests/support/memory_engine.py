@@ -28,6 +28,7 @@ from code_sandbox.engine import (
     ImageConfig,
     ImageFacts,
     RuntimeFacts,
+    StoredSnapshot,
     Usage,
     WatchRequest,
 )
@@ -89,6 +90,8 @@ class MemoryEngine:
         """Set when a held call has been entered."""
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self.snapshots: dict[str, tuple[StoredSnapshot, bytes]] = {}
+        """Kept snapshots by ID: what was stored, and its bytes."""
 
     location = "memory"
 
@@ -241,6 +244,39 @@ class MemoryEngine:
 
     def remove_leftover_volumes(self, *, tag: str | None = None, grace: float) -> int:
         return 0
+
+    def store_snapshot(self, blob: bytes, labels: Mapping[str, str], tag: str) -> str:
+        snapshot_id = f"sha256:{next(self._ids):064x}"
+        with self._lock:
+            for key, (stored, data) in list(self.snapshots.items()):  # the tag moves, as an engine's does
+                self.snapshots[key] = (
+                    (StoredSnapshot(stored.id, stored.labels, ()), data) if tag in stored.tags else (stored, data)
+                )
+            self.snapshots[snapshot_id] = (StoredSnapshot(snapshot_id, dict(labels), (tag,)), blob)
+        return snapshot_id
+
+    def read_snapshot(self, snapshot_id: str, *, max_bytes: int) -> Iterator[bytes]:
+        with self._lock:
+            if snapshot_id not in self.snapshots:
+                raise SandboxError(ErrorCode.SNAPSHOT_NOT_FOUND, "no snapshot of that name exists")
+            blob = self.snapshots[snapshot_id][1]
+        if len(blob) > max_bytes:
+            raise SandboxError(ErrorCode.SNAPSHOT_INVALID, "the snapshot is not as code-sandbox made it")
+        return iter((blob,))
+
+    def find_snapshot(self, tag: str) -> StoredSnapshot | None:
+        with self._lock:
+            return next((stored for stored, _blob in self.snapshots.values() if tag in stored.tags), None)
+
+    def list_snapshots(self, label: str) -> list[StoredSnapshot]:
+        key, _, value = label.partition("=")
+        with self._lock:
+            stored = [item for item, _blob in self.snapshots.values()]
+        return [item for item in stored if key in item.labels and (not value or item.labels[key] == value)]
+
+    def remove_snapshot(self, snapshot_id: str) -> bool:
+        with self._lock:
+            return self.snapshots.pop(snapshot_id, None) is not None
 
 
 def _no_exec(_container: MemoryContainer, _argv: list[str], _stdin: bytes) -> ExecResult:

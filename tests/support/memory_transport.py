@@ -27,6 +27,7 @@ from code_sandbox.channel.protocol import (
     RunAnswer,
     RunRequest,
     SurveyAnswer,
+    UnpackRequest,
     WriteHeader,
     WriteRequest,
 )
@@ -101,6 +102,8 @@ class MemoryTransport(Transport):
             kept = data[: request.max_bytes]
             content = base64.b64encode(kept).decode() if request.encoding == "base64" else kept.decode()
             return {"ok": True, "content": content, "size": len(data), "truncated": len(data) > request.max_bytes}
+        if isinstance(request, UnpackRequest):
+            return {"ok": False, "code": "NOT_SUPPORTED", "message": "no snapshots in memory"}
         # A DeleteRequest: every other kind is answered above.
         statuses = ["deleted" if self.workspace.pop(path, None) is not None else "missing" for path in request.paths]
         return {"ok": True, "results": statuses}

@@ -56,6 +56,7 @@ class SshEngineHost:
                 "AllowStreamLocalForwarding no",
                 "X11Forwarding no",
                 "PermitTunnel no",
+                "MaxSessions 64",  # as the README asks of an engine's host: sandboxes hold channels
                 f"SetEnv DOCKER_HOST=unix://{engine_socket}",
                 "",
             ])

@@ -26,6 +26,8 @@ from code_sandbox.profile import Profile
 from code_sandbox.settings import TAG_RULE, Settings, SettingsError, is_valid_tag, load_settings
 from code_sandbox.timeline import milestone
 
+from code_sandbox_cli import snapshots
+from code_sandbox_cli.snapshots import reap_snapshots
 from code_sandbox_cli.tables import duration, print_table, server_of, shown
 
 app = typer.Typer(
@@ -35,6 +37,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+app.add_typer(snapshots.app, name="snapshots")
 
 
 def _version(value: bool) -> None:
@@ -59,14 +63,14 @@ def fail(error: SandboxError, status: int = 1) -> NoReturn:
     raise typer.Exit(status)
 
 
-def _settings() -> Settings:
+def load_checked_settings() -> Settings:
     try:
         return load_settings()
     except SandboxError as error:
         fail(error, status=2)
 
 
-def _check_engine(settings: Settings) -> None:
+def check_engine(settings: Settings) -> None:
     """An engine address or TLS set-up that cannot be used, or a runtime the engine has not registered, stops the
     command at once (exit 2), not at its first sandbox. An engine that does not answer is not checked here: every
     call then says so. Without any of those settings nothing is checked here, and the docker SDK is not imported
@@ -110,9 +114,9 @@ def serve(
     """Start the stdio MCP server (for an MCP client to launch; stdout carries only JSON-RPC)."""
     _configure_logging(verbose)
     milestone("serve started (the CLI imported)")
-    settings = _settings()
+    settings = load_checked_settings()
     profile = _profile(settings)
-    _check_engine(settings)
+    check_engine(settings)
     from code_sandbox.serve.stdio import run_stdio_server
 
     try:
@@ -146,9 +150,9 @@ def run_command(
 
     Example: code-sandbox run examples/hello
     """
-    settings = _settings()
+    settings = load_checked_settings()
     profile = _profile(settings)
-    _check_engine(settings)
+    check_engine(settings)
     _configure_logging(verbose=False)
     try:
         status = anyio.run(_run_local, settings, profile, path, entrypoint, arguments or [], timeout)
@@ -274,7 +278,7 @@ def build_image(
     from code_sandbox.docker_engine import DockerEngine
     from code_sandbox.image import build_offline_image
 
-    settings = _settings()
+    settings = load_checked_settings()
     profile = _profile(settings)
     if not offline:
         typer.echo(
@@ -286,7 +290,7 @@ def build_image(
     if tarballs is not None and packages is None:
         typer.echo("code-sandbox: --tarballs needs --packages", err=True)
         raise typer.Exit(2)
-    _check_engine(settings)
+    check_engine(settings)
 
     def progress(text: str) -> None:
         typer.echo(f"  {text}", err=True)
@@ -308,9 +312,9 @@ def verify_image_command() -> None:
     from code_sandbox.docker_engine import DockerEngine
     from code_sandbox.image import verify_image
 
-    settings = _settings()
+    settings = load_checked_settings()
     profile = _profile(settings)
-    _check_engine(settings)
+    check_engine(settings)
     with DockerEngine.for_settings(settings) as engine:
         try:
             report = verify_image(engine, profile)
@@ -336,7 +340,8 @@ def reap(
         typer.Option("--tag", help="Only the containers of servers started with this CODE_SANDBOX_TAG.", metavar="TAG"),
     ] = None,
 ) -> None:
-    """List managed sandbox containers and remove the stopped, expired and orphaned ones (exit 1 if a removal failed).
+    """List managed sandbox containers and remove the stopped, expired and orphaned ones, then the snapshots past
+    their age limit (CODE_SANDBOX_SNAPSHOT_MAX_AGE_HOURS) and orphaned snapshot images (exit 1 if a removal failed).
 
     OWNER says whether the server that made a container still runs: live, dead (its containers are orphans), or ?
     (unknown: another machine's or user's server, or one that could not record itself).
@@ -344,14 +349,14 @@ def reap(
     from code_sandbox.docker_engine import DockerEngine
     from code_sandbox.sandbox.sweep import apply_verdicts, survey_managed
 
-    settings = _settings()
+    settings = load_checked_settings()
     if tag is not None and not is_valid_tag(tag):
         typer.echo(f"code-sandbox: --tag {TAG_RULE}", err=True)
         raise typer.Exit(2)
     if all_ and not yes and not dry_run:
         typer.echo("code-sandbox: --all removes live sandboxes too (fix: add --yes to confirm)", err=True)
         raise typer.Exit(2)
-    _check_engine(settings)
+    check_engine(settings)
     _configure_logging(verbose=False)  # a failed removal is logged with the engine's words
     state_dir = default_state_dir()
     with DockerEngine.for_settings(settings) as engine:
@@ -373,10 +378,11 @@ def reap(
                     f"{action} ({verdict.reason if not all_ else 'all'})",
                 ))  # fmt: skip
             print_table(("SESSION", "PROFILE", "AGE", "EXPIRES IN", "STATE", "SERVER", "OWNER", "ACTION"), rows)
+            typer.echo(f"{len(verdicts)} managed container(s)")
             failures = actions.count("REMOVAL FAILED")
+            failures += reap_snapshots(engine, settings, tag=tag, dry_run=dry_run)
         except SandboxError as error:
             fail(error)
-    typer.echo(f"{len(verdicts)} managed container(s)")
     if failures:
         typer.echo(
             f"code-sandbox: {failures} removal(s) failed (fix: check `docker info`, then run reap again)", err=True

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_TAG
-from code_sandbox.limits import MAX_SESSIONS
+from code_sandbox.limits import MAX_SESSIONS, WORKSPACE_BYTES, MiB
 
 _PREFIX = "CODE_SANDBOX_"
 
@@ -51,6 +51,10 @@ _INT_SETTINGS = (
     _IntSetting("default_timeout", 1, 120, 30, "seconds"),
     _IntSetting("max_timeout", 1, 300, 120, "seconds"),
     _IntSetting("warm_pool", 0, 20, 1, "containers"),
+    _IntSetting("snapshot_max_mib", 1, WORKSPACE_BYTES // MiB, WORKSPACE_BYTES // MiB, "MiB"),
+    _IntSetting("snapshots_max", 1, 10000, 50, "snapshots"),
+    _IntSetting("snapshots_max_total_mib", 1, 999999, 1024, "MiB"),
+    _IntSetting("snapshot_max_age_hours", 1, 8760, 168, "hours"),
 )
 
 
@@ -73,6 +77,14 @@ class Settings:
     default_timeout: int = _DEFAULTS["default_timeout"]
     max_timeout: int = _DEFAULTS["max_timeout"]
     warm_pool: int = _DEFAULTS["warm_pool"]
+    snapshot_max_mib: int = _DEFAULTS["snapshot_max_mib"]
+    """The most one snapshot may hold (its files' bytes); at most the workspace's size."""
+    snapshots_max: int = _DEFAULTS["snapshots_max"]
+    """How many snapshots may be kept on the engine (of this server's tag, when it has one)."""
+    snapshots_max_total_mib: int = _DEFAULTS["snapshots_max_total_mib"]
+    """How many bytes those snapshots may hold together."""
+    snapshot_max_age_hours: int = _DEFAULTS["snapshot_max_age_hours"]
+    """A snapshot older than this is no longer listed or restored, and the start-up sweep and ``reap`` remove it."""
     audit_enabled: bool = True
     audit_log: Path | None = None
     profile: str | None = None

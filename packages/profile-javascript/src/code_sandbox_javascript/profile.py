@@ -35,8 +35,9 @@ HELPERS = HelperFiles(
     package="code_sandbox_javascript.helpers",
     directory="/opt/sandbox",
     names={"watchdog": "watchdog.mjs", "files": "files.mjs", "runner": "runner.mjs"},
-    # the next run's process, which the runner's channel starts ahead of the run; the runner's jailed mode (gVisor)
-    modules=("start.mjs", "jail.mjs"),
+    # the next run's process, which the runner's channel starts ahead of the run; the runner's jailed mode (gVisor);
+    # the file helper's snapshot operations
+    modules=("start.mjs", "jail.mjs", "snapshot.mjs"),
     missing="the in-container helpers are missing from the installed code-sandbox-javascript package",
     hint="reinstall it (uv sync --frozen, or uv tool install code-sandbox-cli --reinstall)",
 )

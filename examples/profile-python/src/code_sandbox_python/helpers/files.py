@@ -1,6 +1,7 @@
 # File helper of the code-sandbox image: the only way the host reads or changes /workspace.
-# Usage: python3 -I -S -B /opt/sandbox/files.py <write|list|read|delete|inventory|digest> <request-json | ->
-# The runner's --channel mode loads this file and serves the same operations (file_operation) over a held stdin.
+# Usage: python3 -I -S -B /opt/sandbox/files.py <write|list|read|delete|inventory|digest|unpack|pack> <request | ->
+# The runner's --channel mode loads this file and serves the same operations (file_operation) over a held stdin,
+# but for pack, which only a program of its own serves: its answer line is followed by the files' bytes.
 # Answers exactly one JSON line on stdout and exits 0 (refusals included); a nonzero exit is a bug.
 # User code owns the workspace between calls, so nothing found there is trusted: every op first checks
 # that the tree holds only plain directories and single-link regular files, and never follows a symlink.
@@ -150,7 +151,8 @@ def open_dir_chain(parts, on_missing=None):
 # Iterative depth-first walk, bounded by `limit` entries; False when the limit stopped it. Directories are
 # reopened by path later, so each must still have the dev/ino its lstat showed: a swap meanwhile is a race.
 # Names are raw bytes, visited in byte order (Node.js's readdir sorts them), so the walk never depends on the
-# order the file system returns them in.
+# order the file system returns them in. `on_entry(rel, st, dir_fd, name)`: the entry's path and lstat, and the
+# directory held open that holds it.
 def walk(start, max_depth, limit, on_entry):
     stack = [{**start, "depth": 0}]
     count = 0
@@ -170,7 +172,7 @@ def walk(start, max_depth, limit, on_entry):
                     if count > limit:
                         return False
                     rel = directory["rel"] + b"/" + name if directory["rel"] else name
-                    on_entry(rel, child)
+                    on_entry(rel, child, fd, name)
                     if is_dir(child) and directory["depth"] < max_depth:
                         stack.append(
                             {
@@ -202,7 +204,7 @@ def root_start():
 def take_inventory():
     totals = {"entries": 0, "bytes": 0}
 
-    def count(_rel, st):
+    def count(_rel, st, *_held):
         if is_special(st):
             raise integrity()
         totals["entries"] += 1
@@ -329,7 +331,7 @@ def op_list(req):
         start = {"abs": ROOT.encode() + b"/" + path, "rel": path, "dev": st.st_dev, "ino": st.st_ino}
     found_entries = []
 
-    def collect(rel, st):
+    def collect(rel, st, *_held):
         if is_special(st):
             raise integrity()
         kind = "directory" if is_dir(st) else "file"
@@ -576,12 +578,186 @@ def op_write(req, take):
     return {"results": results, "entries": after["entries"], "bytes": after["bytes"]}
 
 
+# -- snapshots: pack (a program of its own) and unpack (an operation like the others) ------------------------
+
+MAX_TARGET_BYTES = 4095
+MAX_SNAPSHOT_HEADER_BYTES = 32 * 1024 * 1024
+MAX_LISTING_BYTES = 8 * 1024 * 1024  # a pack's answer line: its listing of every entry
+UNKEPT = "a name in the workspace cannot be kept in a snapshot"
+SNAPSHOT_KEYS = {
+    "directory": ["type", "path", "mode"],
+    "file": ["type", "path", "mode", "size"],
+    "symlink": ["type", "path", "target"],
+}
+
+
+def snapshot_limits(req):
+    limits = [safe_int(req[k]) for k in ("max_entries", "max_total_bytes")]
+    if not all(n is not None and n >= 0 for n in limits):
+        raise Refusal("INVALID_REQUEST")
+    return limits
+
+
+def kept_name(raw):
+    try:
+        text = raw.decode("utf-8")
+        check_path(text)
+    except (UnicodeDecodeError, Refusal):
+        raise Refusal("INVALID_PATH", UNKEPT) from None
+    return text
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def read_whole(fd, st):
+    fst = os.fstat(fd)
+    if not is_file(fst) or (fst.st_dev, fst.st_ino, fst.st_size) != (st.st_dev, st.st_ino, st.st_size):
+        raise integrity("the workspace changed while it was read")
+    data = read_up_to(fd, st.st_size + 1)
+    if len(data) != st.st_size:
+        raise integrity("the workspace changed while it was read")
+    return data
+
+
+# Every directory, file and symbolic link of the workspace, sorted by path, and the files' bytes in that order.
+# Special files are skipped and counted; a file with several links is kept as a file each time. Never follows a link.
+# A directory it may not read fails closed, as for every operation (walk); a file it may not read is refused.
+def op_pack(req):
+    if not has_exact_keys(req, ["max_entries", "max_total_bytes"]):
+        raise Refusal("INVALID_REQUEST")
+    max_entries, max_total_bytes = snapshot_limits(req)
+    too_large = Refusal("SNAPSHOT_TOO_LARGE", "the workspace is larger than a snapshot may be")
+    found, totals = [], {"bytes": 0, "skipped": 0}
+
+    # Each entry is read relative to the directory the walk holds open, never by a path that could pass a link.
+    def keep(rel, st, dir_fd, name):
+        if is_dir(st):
+            found.append((rel, {"type": "directory", "path": kept_name(rel), "mode": st.st_mode & 0o777}, None))
+        elif is_file(st):
+            totals["bytes"] += st.st_size
+            if totals["bytes"] > max_total_bytes:
+                raise too_large
+            entry = {"type": "file", "path": kept_name(rel), "mode": st.st_mode & 0o777, "size": st.st_size}
+            try:
+                fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+            except PermissionError:
+                raise Refusal("PERMISSION_DENIED") from None
+            try:
+                found.append((rel, entry, read_whole(fd, st)))
+            finally:
+                close(fd)
+        elif stat.S_ISLNK(st.st_mode):
+            target = os.readlink(name, dir_fd=dir_fd)
+            try:
+                text = target.decode("utf-8") if len(target) <= MAX_TARGET_BYTES else None
+            except UnicodeDecodeError:
+                text = None
+            if text is None:
+                raise Refusal("INVALID_PATH", UNKEPT)
+            found.append((rel, {"type": "symlink", "path": kept_name(rel), "target": text}, None))
+        else:
+            totals["skipped"] += 1
+
+    if not walk(root_start(), float("inf"), max_entries, keep):
+        raise too_large
+    found.sort(key=lambda item: item[0])
+    answer = {"ok": True, "entries": [e for _p, e, _b in found], "skipped": totals["skipped"], "bytes": totals["bytes"]}
+    if len(json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode()) > MAX_LISTING_BYTES:
+        raise too_large
+    return answer, b"".join(body for _p, _e, body in found if body is not None)
+
+
+def snapshot_entries(buf, max_entries, max_total_bytes):
+    try:
+        header = parse_json(buf.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise Refusal("INVALID_REQUEST") from None
+    entries = header.get("entries") if type(header) is dict else None
+    if not has_exact_keys(header, ["entries"]) or type(entries) is not list or len(entries) > max_entries:
+        raise Refusal("INVALID_REQUEST")
+    directories, seen, total = {""}, set(), 0
+    for e in entries:
+        keys = SNAPSHOT_KEYS.get(e.get("type")) if type(e) is dict else None
+        if keys is None or not has_exact_keys(e, keys):
+            raise Refusal("INVALID_REQUEST")
+        parts = check_path(e["path"])
+        if e["path"] in seen or "/".join(parts[:-1]) not in directories:
+            raise Refusal("INVALID_REQUEST")
+        seen.add(e["path"])
+        if e["type"] != "symlink":
+            e["mode"] = safe_int(e["mode"])
+            if e["mode"] is None or not 0 <= e["mode"] <= 0o777:
+                raise Refusal("INVALID_REQUEST")
+        if e["type"] == "directory":
+            directories.add(e["path"])
+        elif e["type"] == "file":
+            e["size"] = safe_int(e["size"])
+            if e["size"] is None or e["size"] < 0:
+                raise Refusal("INVALID_REQUEST")
+            total += e["size"]
+        else:
+            target = e["target"]
+            if type(target) is not str or not target or "\x00" in target or re.search("[\ud800-\udfff]", target):
+                raise Refusal("INVALID_REQUEST")
+            if utf8_length(target) > MAX_TARGET_BYTES:
+                raise Refusal("INVALID_REQUEST")
+    if total > max_total_bytes:
+        raise Refusal("INVALID_REQUEST")
+    return entries, total
+
+
+# A snapshot's content made in an empty workspace: directories as 0700, each file created (never opened if it
+# exists) and written as its bytes arrive, then every mode as the snapshot has it, deepest directory first. A transfer
+# that ends early leaves part of it made ("partial"): the host destroys such a sandbox before naming it to anyone.
+def op_unpack(req, take):
+    max_entries, max_total_bytes = snapshot_limits(req)
+    length = int.from_bytes(read_exact(take, 4), "big")
+    if length > MAX_SNAPSHOT_HEADER_BYTES:
+        raise Refusal("INVALID_REQUEST")
+    entries, total = snapshot_entries(read_exact(take, length), max_entries, max_total_bytes)
+    if take_inventory()["entries"] != 0:
+        raise Refusal("INVALID_REQUEST", "the workspace is not empty")
+    mark_mutated()
+    for e in entries:
+        parts = e["path"].split("/")
+        dir_fd = open_dir_chain(parts[:-1])
+        try:
+            if e["type"] == "directory":
+                os.mkdir(parts[-1], 0o700, dir_fd=dir_fd)
+            elif e["type"] == "symlink":
+                os.symlink(e["target"], parts[-1], dir_fd=dir_fd)
+            else:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK
+                fd = os.open(parts[-1], flags, 0o600, dir_fd=dir_fd)
+                try:
+                    if not take(e["size"], lambda chunk, fd=fd: write_all(fd, chunk)):
+                        raise Refusal("TRANSFER_FAILED")
+                    os.fchmod(fd, e["mode"])
+                finally:
+                    close(fd)
+        finally:
+            close(dir_fd)
+    payload_read()
+    for e in reversed([e for e in entries if e["type"] == "directory"]):
+        fd = open_dir_chain(e["path"].split("/"))
+        try:
+            os.fchmod(fd, e["mode"])
+        finally:
+            close(fd)
+    return {"entries": len(entries), "bytes": total}
+
+
 OPS = {
     "read": op_read,
     "digest": op_digest,
     "list": op_list,
     "delete": op_delete,
     "write": op_write,
+    "unpack": op_unpack,
     "inventory": lambda _req: {},
 }
 REQUEST_KEYS = {
@@ -591,6 +767,7 @@ REQUEST_KEYS = {
     "delete": ["paths"],
     "inventory": [],
     "write": ["overwrite", "max_file_bytes", "max_entries", "max_total_bytes"],
+    "unpack": ["max_entries", "max_total_bytes"],
 }
 
 
@@ -619,13 +796,13 @@ INTERNAL_ERROR = {"ok": False, "code": "INTERNAL_ERROR", "message": MESSAGES["IN
 def file_operation(op, req, take):
     global mutated, payload_pending
     mutated = False
-    payload_pending = op == "write"
+    payload_pending = op in ("write", "unpack")
     umask = os.umask(0o077)
     try:
         if op not in OPS or not has_exact_keys(req, REQUEST_KEYS[op]):
             raise Refusal("INVALID_REQUEST")
-        if op == "write":
-            return {"ok": True, **op_write(req, take)}  # consumes stdin first; takes its inventory itself
+        if op in ("write", "unpack"):
+            return {"ok": True, **OPS[op](req, take)}  # consumes stdin first; takes its inventory itself
         inventory = take_inventory()
         if op == "inventory":
             return {"ok": True, **inventory}  # exactly entries, bytes, overflow
@@ -644,7 +821,8 @@ def file_operation(op, req, take):
 def answer(obj, exit_code=0):
     # The bytes JSON.stringify writes (no spaces, non-ASCII as UTF-8, the same escapes), written whole on the raw
     # fd before we exit, so no buffer is left for the interpreter to flush.
-    view = memoryview((json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
+    line = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    view = memoryview(line + pack_body if obj.get("ok") else line)
     while view:
         view = view[os.write(1, view) :]
     os._exit(exit_code)
@@ -655,7 +833,7 @@ def main():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     # Arguments as Node.js sees them: undecodable bytes become U+FFFD rather than surrogate escapes.
     args = [os.fsencode(arg).decode("utf-8", "replace") for arg in sys.argv[1:]]
-    if len(args) != 2 or args[0] not in OPS:
+    if len(args) != 2 or (args[0] not in OPS and args[0] != "pack"):
         return Refusal("INVALID_REQUEST").answer
     op, text = args
     try:
@@ -666,7 +844,27 @@ def main():
         return err.answer
     except Exception:
         return Refusal("INVALID_REQUEST").answer
+    if op == "pack":
+        return pack_operation(req)
     return file_operation(op, req, take)
+
+
+# pack, as file_operation runs the others: its answer, with the bytes that follow the answer line (answer() writes
+# them after it).
+def pack_operation(req):
+    global pack_body
+    umask = os.umask(0o077)
+    try:
+        result, pack_body = op_pack(req)
+        return result
+    except BaseException as err:
+        known = answer_for_error(err)
+        return dict(INTERNAL_ERROR) if known is None else known
+    finally:
+        os.umask(umask)
+
+
+pack_body = b""
 
 
 # Run as a program (the runner loads this file without running this): answer once, exit 0 for every well-formed

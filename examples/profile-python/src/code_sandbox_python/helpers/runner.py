@@ -668,7 +668,7 @@ def load_file_helper():
     return module
 
 
-CHANNEL_OPS = ("write", "list", "read", "delete", "digest", "inventory", "run", "execute")
+CHANNEL_OPS = ("write", "list", "read", "delete", "digest", "inventory", "unpack", "run", "execute")
 # Written on stderr after every stderr line of a request and before its answer: stderr and stdout reach the host by
 # separate copies and may arrive out of order, so this tells it that nothing of the request is still on its way.
 STDERR_END = b'{"end":true}\n'

@@ -22,6 +22,8 @@ from code_sandbox.channel.protocol import (
     KillAllAnswer,
     M,
     Message,
+    PackAnswer,
+    PackRequest,
     ReadyAnswer,
     Refusal,
     RunAnswer,
@@ -259,6 +261,9 @@ class ChannelTransport(Transport):
                 self._waiting[target] = f">{after}"
             else:
                 self._waiting.pop(target, None)
+
+    def pack(self, target: Target, request: PackRequest, *, timeout: float) -> tuple[PackAnswer, bytes] | Refusal:
+        return self.execs.pack(target, request, timeout=timeout)
 
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
         # Kills every process of the sandbox uid, the channel included; the next call opens a new one.

@@ -33,6 +33,8 @@ from code_sandbox.channel.protocol import (
     KillAllAnswer,
     M,
     OutputPiece,
+    PackAnswer,
+    PackRequest,
     Progress,
     ReadyAnswer,
     Refusal,
@@ -414,6 +416,9 @@ class RuntimeTransport(Transport):
         self, target: Target, request: EvaluateRequest, *, timeout: float, on_stderr: StderrSink | None = None
     ) -> EvaluateAnswer | Refusal:
         return self.chosen.evaluate(target, request, timeout=timeout, on_stderr=on_stderr)
+
+    def pack(self, target: Target, request: PackRequest, *, timeout: float) -> tuple[PackAnswer, bytes] | Refusal:
+        return self.chosen.pack(target, request, timeout=timeout)
 
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
         return self.chosen.kill_all(target, timeout=timeout)

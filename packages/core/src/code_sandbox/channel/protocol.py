@@ -291,6 +291,66 @@ class DigestAnswer(Answer):
     size: Count
 
 
+MAX_SNAPSHOT_ENTRIES = 65536
+"""The most entries a snapshot's header may list: past the workspace's inode limit, which bounds a real one."""
+MAX_LINK_TARGET_BYTES = 4095
+Mode = Annotated[int, Field(ge=0, le=0o777)]
+
+
+class PackRequest(Message):
+    """``files pack``: every entry of the workspace, within these limits (else ``SNAPSHOT_TOO_LARGE``)."""
+
+    max_entries: Count
+    max_total_bytes: Count
+
+
+class SnapshotDirectory(Message):
+    type: Literal["directory"]
+    path: WorkspacePath
+    mode: Mode
+
+
+class SnapshotFile(Message):
+    type: Literal["file"]
+    path: WorkspacePath
+    mode: Mode
+    size: Count
+
+
+class SnapshotLink(Message):
+    type: Literal["symlink"]
+    path: WorkspacePath
+    target: Annotated[str, StringConstraints(min_length=1, max_length=MAX_LINK_TARGET_BYTES)]
+
+
+SnapshotEntry = Annotated[SnapshotDirectory | SnapshotFile | SnapshotLink, Field(discriminator="type")]
+
+
+class PackAnswer(Answer):
+    """What ``pack`` found, sorted by path; the files' bytes follow the answer line in this order."""
+
+    entries: Annotated[list[SnapshotEntry], Field(max_length=MAX_SNAPSHOT_ENTRIES)]
+    skipped: Count
+    """Special files (FIFOs, sockets), which a snapshot does not keep."""
+    bytes: Count
+
+
+class UnpackRequest(Message):
+    """``files unpack``: an :class:`UnpackHeader` frame and the files' bytes follow, for an empty workspace."""
+
+    max_entries: Count
+    max_total_bytes: Count
+
+
+class UnpackHeader(Message):
+    entries: Annotated[list[SnapshotEntry], Field(max_length=MAX_SNAPSHOT_ENTRIES)]
+
+
+class UnpackAnswer(Answer):
+    entries: Count
+    bytes: Count
+
+
 class ProbeAnswer(Message):
     """What the kernel enforces, seen from inside a hardened container (the profile's probe, for ``doctor``).
 

@@ -33,12 +33,16 @@ from code_sandbox.channel.protocol import (
     ListRequest,
     M,
     Message,
+    PackAnswer,
+    PackRequest,
     ReadRequest,
     ReadyAnswer,
     Refusal,
     RunAnswer,
     RunRequest,
+    SnapshotFile,
     SurveyAnswer,
+    UnpackRequest,
     WriteAnswer,
     WriteRequest,
     parse_answer,
@@ -49,15 +53,19 @@ from code_sandbox.hardening import with_readable_runtime
 from code_sandbox.profile import HelperKind, Profile
 
 MiB = 1024 * 1024
-FileRequest = WriteRequest | ListRequest | ReadRequest | DeleteRequest | DigestRequest
+FileRequest = WriteRequest | ListRequest | ReadRequest | DeleteRequest | DigestRequest | UnpackRequest
 OPERATIONS: dict[type[Message], str] = {
     WriteRequest: "write",
     ListRequest: "list",
     ReadRequest: "read",
     DeleteRequest: "delete",
     DigestRequest: "digest",
+    UnpackRequest: "unpack",
 }
 StderrSink = Callable[[bytes], None]
+PACK_HEADER_BYTES = 8 * MiB + 1
+"""The most a pack's answer line may take besides the files' bytes, with its newline: the helper refuses a listing of
+more (``SNAPSHOT_TOO_LARGE``)."""
 
 
 class HelperCrash(SandboxError):
@@ -136,6 +144,12 @@ class Transport(abc.ABC):
         channel open keeps a context: this one refuses."""
         del target, request, timeout, on_stderr
         return Refusal(ok=False, code="INVALID_REQUEST", message="evaluation needs a channel")
+
+    def pack(self, target: Target, request: PackRequest, *, timeout: float) -> tuple[PackAnswer, bytes] | Refusal:
+        """Every entry of the workspace, and its files' bytes in the answer's order (a snapshot's content). Only a
+        transport that runs the file helper as a program of its own packs: this one refuses."""
+        del target, request, timeout
+        return Refusal(ok=False, code="NOT_SUPPORTED", message="this transport takes no snapshots")
 
     @abc.abstractmethod
     def kill_all(self, target: Target, *, timeout: float) -> KillAllAnswer | Refusal:
@@ -234,6 +248,29 @@ class HelperExecs:
 
     def watchdog_ready(self, target: Target, *, timeout: float) -> ReadyAnswer | Refusal:
         return self.call(target, "runner", ["--watchdog-ready"], ReadyAnswer, timeout=timeout)
+
+    def pack(self, target: Target, request: PackRequest, *, timeout: float) -> tuple[PackAnswer, bytes] | Refusal:
+        """``files pack``: its answer line, then exactly the bytes of the files it lists, and nothing after them."""
+        argv = [*self.helper_argv("files"), "pack", "-"]
+        limit = request.max_total_bytes + PACK_HEADER_BYTES
+        with untrusted():
+            result = self.engine.exec(
+                target.container, ExecRequest(argv, target.user, timeout, limit, MiB, [request_frame(request)])
+            )
+            line, newline, body = result.stdout.partition(b"\n")
+            if result.exit_code != 0 or not newline:
+                raise HelperCrash(cause=f"exit code {result.exit_code}, no answer line")
+            answer = parse_answer(line, PackAnswer)
+            if isinstance(answer, Refusal):
+                if body:
+                    raise HelperCrash(cause="bytes after a refusal")
+                return answer
+            sizes = sum(entry.size for entry in answer.entries if isinstance(entry, SnapshotFile))
+            if not sizes == answer.bytes == len(body) <= request.max_total_bytes:
+                raise HelperCrash(cause="the bytes after the answer are not the files it lists")
+            if len(answer.entries) + answer.skipped > request.max_entries:
+                raise HelperCrash(cause="more entries than asked for")
+            return answer, body
 
     def call(
         self,

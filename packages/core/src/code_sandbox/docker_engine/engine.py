@@ -13,7 +13,7 @@ from typing import BinaryIO, Self
 
 import docker.errors
 
-from code_sandbox.docker_engine import podman
+from code_sandbox.docker_engine import podman, snapshots
 from code_sandbox.docker_engine.address import EngineAddress
 from code_sandbox.docker_engine.answers import (
     ContainerAnswer,
@@ -47,6 +47,7 @@ from code_sandbox.engine import (
     FileEntry,
     ImageFacts,
     RuntimeFacts,
+    StoredSnapshot,
     Usage,
     WatchRequest,
 )
@@ -376,6 +377,25 @@ class DockerEngine:
         if not self._podman():
             return 0
         return self._volumes.remove_leftovers(tag=tag, grace=grace, now=self.now)
+
+    # -- snapshots ----------------------------------------------------------------------------------------------
+
+    def store_snapshot(self, blob: bytes, labels: Mapping[str, str], tag: str) -> str:
+        """See :meth:`code_sandbox.engine.Engine.store_snapshot` and :mod:`.snapshots`."""
+        facts = self.daemon_facts()
+        return snapshots.store(self.client(), blob, labels, tag, podman=facts.podman, architecture=facts.architecture)
+
+    def find_snapshot(self, tag: str) -> StoredSnapshot | None:
+        return snapshots.find(self.client(), tag)
+
+    def read_snapshot(self, snapshot_id: str, *, max_bytes: int) -> Iterator[bytes]:
+        return snapshots.read(self.client(), snapshot_id, max_bytes=max_bytes)
+
+    def list_snapshots(self, label: str) -> list[StoredSnapshot]:
+        return snapshots.listed(self.client(), label)
+
+    def remove_snapshot(self, snapshot_id: str) -> bool:
+        return snapshots.remove(self.client(), snapshot_id)
 
     # -- exec ---------------------------------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ def follow_build(events: Iterable[object], on_step: Callable[[str], None]) -> st
 
 def read_export(chunks: Iterator[bytes]) -> Iterator[FileEntry]:
     """The entries of an exported filesystem's tar stream, every regular file hashed."""
-    with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
+    with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
         for member in archive:
             digest: str | None = None
             if member.isfile():
@@ -68,7 +68,7 @@ def _kind(member: tarfile.TarInfo) -> str:
     return "other"
 
 
-class _ChunkReader(io.RawIOBase):
+class ChunkReader(io.RawIOBase):
     """A read-only file object over an iterator of byte chunks (the export stream)."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:

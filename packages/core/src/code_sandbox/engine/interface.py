@@ -13,6 +13,7 @@ from code_sandbox.engine.models import (
     FileEntry,
     ImageFacts,
     RuntimeFacts,
+    StoredSnapshot,
     Usage,
 )
 from code_sandbox.errors import ErrorCode, SandboxError
@@ -218,4 +219,35 @@ class Engine(Protocol):
     def remove_leftover_volumes(self, *, tag: str | None = None, grace: float) -> int:
         """Remove what sandboxes of ``tag``'s servers left outside their containers, older than ``grace`` seconds;
         returns how many could not be removed."""
+        ...
+
+    def store_snapshot(self, blob: bytes, labels: Mapping[str, str], tag: str) -> str:
+        """Keep ``blob`` as an image of one file, with ``labels``, tagged ``tag`` in the snapshots' repository, made in
+        one step: it exists whole or not at all. Returns its ID. A tag in use moves to it.
+
+        :raises SandboxError: ``NOT_SUPPORTED`` when the engine did not keep the labels; ``SNAPSHOT_LIMIT_EXCEEDED``
+            when it has no room; ``CONTAINER_UNAVAILABLE``.
+        """
+        ...
+
+    def read_snapshot(self, snapshot_id: str, *, max_bytes: int) -> Iterator[bytes]:
+        """The one file of a kept snapshot, at most ``max_bytes``, in pieces as the engine sends it; closing the
+        iterator ends the read. Believed only once the iterator has ended without an error.
+
+        :raises SandboxError: ``SNAPSHOT_NOT_FOUND`` (when called); ``SNAPSHOT_INVALID`` when the image is not one file
+            within ``max_bytes``; ``CONTAINER_UNAVAILABLE``.
+        """
+        ...
+
+    def find_snapshot(self, tag: str) -> StoredSnapshot | None:
+        """The kept snapshot tagged ``tag``, if any (one engine request, however many images the engine holds)."""
+        ...
+
+    def list_snapshots(self, label: str) -> list[StoredSnapshot]:
+        """Every kept snapshot that carries ``label`` (``key`` or ``key=value``), tagged or not. The engine lists
+        every image it holds to answer: slow where it holds many."""
+        ...
+
+    def remove_snapshot(self, snapshot_id: str) -> bool:
+        """Remove a kept snapshot; ``False`` when it was already gone."""
         ...

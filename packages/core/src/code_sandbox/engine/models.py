@@ -157,3 +157,13 @@ class ExecResult:
 def normalise_arch(name: str) -> str:
     """An architecture as Docker's Go names (``amd64``) or the kernel's (``x86_64``) give it, in the kernel's."""
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(name, name)
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """A snapshot as the engine keeps it: an image of one file, its labels as they are (nothing checked yet)."""
+
+    id: str
+    labels: Mapping[str, str]
+    tags: tuple[str, ...] = ()
+    """The tags it carries in the snapshots' repository: none when its tag moved to another snapshot."""

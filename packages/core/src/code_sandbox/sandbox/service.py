@@ -24,11 +24,14 @@ from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.image import VerifiedImages
 from code_sandbox.liveness import ServerMarker, default_state_dir
 from code_sandbox.profile import Profile
+from code_sandbox.sandbox import snapshots
 from code_sandbox.sandbox.audit import AuditLog
 from code_sandbox.sandbox.execution import prepare_program, run_prepared
 from code_sandbox.sandbox.relay import OutputSink, Progress
 from code_sandbox.sandbox.results import RunResult
 from code_sandbox.sandbox.sessions import Session, SessionManager
+from code_sandbox.sandbox.snapshot_content import Content
+from code_sandbox.sandbox.snapshot_store import SnapshotInfo, SnapshotStore
 from code_sandbox.sandbox.sweep import sweep_managed
 from code_sandbox.sandbox.workspace import prepare_write
 from code_sandbox.settings import Settings
@@ -37,6 +40,9 @@ from code_sandbox.threads import in_engine_thread
 logger = logging.getLogger(__name__)
 
 
+SNAPSHOT_SLOTS = 2
+"""Snapshots taken, restored or forked at once; more wait their turn. Each holds up to a workspace's bytes a few
+times over in this process (read, checked, encoded)."""
 ONE_SHOT_MARGIN_SECONDS = 30.0
 """A one-shot sandbox is needed for its run's timeout and this much more (the host's grace, cleanup, the survey)."""
 
@@ -58,8 +64,10 @@ class SandboxService:
         self.state_dir = state_dir or default_state_dir()
         verified = VerifiedImages(self.state_dir / "verified-images")
         self.manager = SessionManager(self.engine, profile, settings, verified=verified)
+        self.snapshots = SnapshotStore(self.engine, settings, profile.name, self.state_dir)
         self.audit = AuditLog(settings.audit_log, enabled=settings.audit_enabled)
         self._running = False
+        self._snapshot_slots: anyio.CapacityLimiter | None = None
         self._background: anyio.abc.TaskGroup | None = None
         """While running with background work: work that outlives a call (a one-shot sandbox's removal) runs in
         this task group."""
@@ -105,6 +113,33 @@ class SandboxService:
             if not left:  # else the exit handler gets one more try at what shutdown could not remove
                 atexit.unregister(self.manager.remove_all_now)
             marker.release(leave_marker=left > 0)  # a marker left behind reads "dead": its orphans get swept
+
+    async def create(self, *, from_snapshot: str | None = None, fork_of: str | None = None) -> Session:
+        """``create_sandbox``: an empty sandbox, or one that starts with a snapshot's files or a copy of a live
+        sandbox's (:mod:`code_sandbox.sandbox.snapshots`), handed out only once they are all in place."""
+        if from_snapshot is None and fork_of is None:
+            return await self.manager.create()
+        async with self._slots():
+            if from_snapshot is not None:
+                session, _content = await snapshots.restore(self.manager, self.snapshots, from_snapshot)
+            else:
+                assert fork_of is not None  # noqa: S101 - one of the two, checked above
+                session, _content = await snapshots.fork(self.manager, fork_of)
+        return session
+
+    async def snapshot(self, session_id: str, name: str | None) -> tuple[SnapshotInfo, Content]:
+        """``snapshot_sandbox``: keep a sandbox's workspace on the engine as ``name`` (or a generated name); what was
+        kept, and its content."""
+        async with self._slots():
+            return await snapshots.take(self.manager, self.snapshots, session_id, name or snapshots.generated_name())
+
+    async def list_snapshots(self) -> list[SnapshotInfo]:
+        return await in_engine_thread(self.snapshots.live)
+
+    def _slots(self) -> anyio.CapacityLimiter:
+        if self._snapshot_slots is None:
+            self._snapshot_slots = anyio.CapacityLimiter(SNAPSHOT_SLOTS)
+        return self._snapshot_slots
 
     async def execute(
         self,
@@ -173,3 +208,10 @@ class SandboxService:
             )
         except SandboxError as error:
             logger.warning("start-up sweep skipped: %s", error.for_operator())
+        try:
+            removed = await in_engine_thread(self.snapshots.remove_expired)
+        except SandboxError as error:
+            logger.warning("expired snapshots not removed: %s", error.for_operator())
+        else:
+            if removed:
+                logger.info("%d snapshot(s) past their age limit removed", removed)

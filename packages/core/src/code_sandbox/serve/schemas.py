@@ -27,6 +27,7 @@ from code_sandbox.limits import (
     WORDS,
 )
 from code_sandbox.sandbox.results import Output
+from code_sandbox.sandbox.snapshot_store import NAME_PATTERN as SNAPSHOT_NAME_PATTERN
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{43}$"
 
@@ -100,7 +101,26 @@ Files = Annotated[
 ]
 
 
+SnapshotName = Annotated[str, Field(pattern=SNAPSHOT_NAME_PATTERN)]
+
+
 class CreateSandboxInput(StrictInput):
+    from_snapshot: SnapshotName | None = Field(default=None, description="A snapshot's name.")
+    fork_of: Annotated[str, Field(pattern=SESSION_ID_PATTERN)] | None = Field(default=None, description="A session_id.")
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> CreateSandboxInput:
+        if self.from_snapshot is not None and self.fork_of is not None:
+            raise ValueError("give from_snapshot or fork_of, not both")
+        return self
+
+
+class SnapshotInput(StrictInput):
+    session_id: SessionId
+    name: SnapshotName | None = Field(default=None, description="Omit for a generated name.")
+
+
+class ListSnapshotsInput(StrictInput):
     pass
 
 
@@ -297,3 +317,22 @@ class DestroyOutput(Output):
     destroyed: bool = Field(
         description="True when a live sandbox was destroyed now; false when it was already gone (not an error)."
     )
+
+
+class SnapshotOutput(Output):
+    name: str = Field(description="For from_snapshot.")
+    files: int = Field(description="Files kept.")
+    bytes: int = Field(description="Their bytes.")
+    skipped: int = Field(description="FIFOs and sockets, not kept.")
+
+
+class SnapshotRow(Output):
+    name: str = Field(description="For from_snapshot.")
+    profile: str = Field(description="Its profile.")
+    files: int = Field(description="Files kept.")
+    bytes: int = Field(description="Their bytes.")
+    age_seconds: int = Field(description="Since saved.")
+
+
+class ListSnapshotsOutput(Output):
+    snapshots: list[SnapshotRow] = Field(description="Oldest first.")

@@ -55,9 +55,14 @@ from code_sandbox.serve.schemas import (
     FileStatus,
     ListFilesInput,
     ListFilesOutput,
+    ListSnapshotsInput,
+    ListSnapshotsOutput,
     ReadFileInput,
     RunInput,
     SessionInput,
+    SnapshotInput,
+    SnapshotOutput,
+    SnapshotRow,
     WriteFilesInput,
     WriteFilesOutput,
     evaluate_input_model,
@@ -72,6 +77,7 @@ from code_sandbox.serve.tool_calls import (
     result_text,
     tool_annotations,
 )
+from code_sandbox.threads import in_engine_thread
 from code_sandbox.timeline import milestone
 
 logger = logging.getLogger(__name__)
@@ -86,6 +92,10 @@ def _files_with_counts(params: WriteFilesInput | ExecuteInput, counts: Counts) -
     sizes = [len(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data) for _path, data in files]
     counts.update(files=len(files), bytes=sum(sizes))
     return files
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
 
 def _run_counts(counts: Counts, result: RunResult) -> None:
@@ -150,6 +160,10 @@ class SandboxServer(Server[None]):
             ToolDef("destroy_sandbox", tool_text.DESTROY_SANDBOX.format(**words), SessionInput, DestroyOutput,
                     repeatable, self._destroy),
             ToolDef(self.execute_tool_name, "", execute_model, RunOutput, changes, self._execute),
+            ToolDef("snapshot_sandbox", tool_text.SNAPSHOT_SANDBOX.format(**words), SnapshotInput, SnapshotOutput,
+                    changes, self._snapshot),
+            ToolDef("list_snapshots", tool_text.LIST_SNAPSHOTS.format(**words), ListSnapshotsInput,
+                    ListSnapshotsOutput, reads, self._list_snapshots),
         ]  # fmt: skip
         if info.evaluate_tool_name is not None:
             evaluate_model = evaluate_input_model(
@@ -262,16 +276,40 @@ class SandboxServer(Server[None]):
 
     # -- tools --------------------------------------------------------------------------------------------------
 
-    async def _create(self, _params: CreateSandboxInput, _ctx: Context, counts: Counts) -> BaseModel:
-        session = await self.manager.create()
+    async def _create(self, params: CreateSandboxInput, _ctx: Context, counts: Counts) -> BaseModel:
+        session = await self.service.create(from_snapshot=params.from_snapshot, fork_of=params.fork_of)
         counts["session_hash"] = session.hash
         return CreateSandboxOutput(
             session_id=session.id,
-            expires_at=datetime.fromtimestamp(session.expires_at, UTC).isoformat(timespec="seconds"),
+            expires_at=_iso(session.expires_at),
             idle_timeout_seconds=self.settings.idle_timeout,
             profile=self.profile.name,
             packages=list(session.packages),
         )
+
+    async def _snapshot(self, params: SnapshotInput, _ctx: Context, counts: Counts) -> BaseModel:
+        info, content = await self.service.snapshot(params.session_id, params.name)
+        counts.update(files=info.files, bytes=info.bytes)
+        return SnapshotOutput(
+            name=info.name,
+            files=info.files,
+            bytes=info.bytes,
+            skipped=content.skipped,
+        )
+
+    async def _list_snapshots(self, _params: ListSnapshotsInput, _ctx: Context, counts: Counts) -> BaseModel:
+        kept = await self.service.list_snapshots()
+        now = await in_engine_thread(self.engine.now)
+        counts["snapshots"] = len(kept)
+        return ListSnapshotsOutput(
+            snapshots=[
+                SnapshotRow(
+                    name=info.name, profile=info.profile, files=info.files, bytes=info.bytes,
+                    age_seconds=max(0, int(now - info.created)),
+                )
+                for info in kept
+            ]
+        )  # fmt: skip
 
     async def _write(self, params: WriteFilesInput, _ctx: Context, counts: Counts) -> BaseModel:
         files = _files_with_counts(params, counts)

@@ -37,7 +37,15 @@ def words(settings: Settings, info: ProfileInfo) -> dict[str, str | int]:
         "lifetime": settings.max_lifetime,
         "sessions": settings.max_sessions,
         "max_timeout": settings.max_timeout,
+        "snapshots_max": settings.snapshots_max,
+        "snapshot_age": _hours(settings.snapshot_max_age_hours),
+        "snapshot_max": f"{settings.snapshot_max_mib} MiB",
+        "no_context": f": no {evaluate} state" if evaluate else "",
     }
+
+
+def _hours(hours: int) -> str:
+    return f"{hours // 24} days" if hours % 24 == 0 else f"{hours} hours"
 
 
 def package_words(settings: Settings, profile: Profile, packages: tuple[str, ...]) -> dict[str, str | int]:
@@ -99,7 +107,19 @@ run, {execute_tool} needs no sandbox.
 
 One isolated container: no network, read-only system, {memory} memory, {cpus}, {processes} processes, a \
 {workspace} workspace. At most {sessions} exist at once (SESSION_LIMIT_EXCEEDED: destroy_sandbox one). It is \
-destroyed, with its files, after {idle}s without a call or {lifetime}s after creation."""
+destroyed, with its files, after {idle}s without a call or {lifetime}s after creation.
+
+from_snapshot: start with a snapshot's files; fork_of: with a copy of a live sandbox's (no process or context \
+carried)."""
+
+SNAPSHOT_SANDBOX = """\
+Save a sandbox's files (with modes and links) as a named snapshot that outlives sandbox and server, e.g. to try two \
+ideas from one point: create_sandbox(from_snapshot) starts sandboxes from it. Files only{no_context}. \
+{snapshot_max} each, {snapshots_max} kept (SNAPSHOT_LIMIT_EXCEEDED), each for {snapshot_age}."""
+
+LIST_SNAPSHOTS = """\
+List the snapshots create_sandbox can start from (from_snapshot), oldest first, with their files, bytes and age. \
+Read-only."""
 
 INTEGRITY = "A link or special file a program left destroys the sandbox at this call (WORKSPACE_INTEGRITY)."
 """What every file tool finds before it acts, said by each, since a model may read any one of them alone."""

@@ -1,6 +1,7 @@
 // File helper of the code-sandbox image: the only way the host reads or changes /workspace.
-// Usage: node /opt/sandbox/files.mjs <write|list|read|delete|inventory|digest> <request-json | ->
-// The runner's --channel mode imports fileOperation() and serves the same operations over a held stdin.
+// Usage: node /opt/sandbox/files.mjs <write|list|read|delete|inventory|digest|pack|unpack> <request-json | ->
+// The runner's --channel mode imports fileOperation() and serves the same operations over a held stdin, but for
+// pack (snapshot.mjs), which only a program of its own serves: its answer line is followed by the files' bytes.
 // Answers exactly one JSON line on stdout and exits 0 (refusals included); a nonzero exit is a bug.
 // User code owns the workspace between calls, so nothing found there is trusted: every op first checks
 // that the tree holds only plain directories and single-link regular files, and never follows a symlink.
@@ -11,8 +12,8 @@ import { fileURLToPath } from 'node:url';
 const ROOT = '/workspace';
 const C = fs.constants;
 // O_NONBLOCK so that a FIFO swapped in at the last moment fails or returns at once instead of hanging us.
-const DIR_FLAGS = C.O_RDONLY | C.O_DIRECTORY | C.O_NOFOLLOW | C.O_NONBLOCK;
-const READ_FLAGS = C.O_RDONLY | C.O_NOFOLLOW | C.O_NONBLOCK;
+export const DIR_FLAGS = C.O_RDONLY | C.O_DIRECTORY | C.O_NOFOLLOW | C.O_NONBLOCK;
+export const READ_FLAGS = C.O_RDONLY | C.O_NOFOLLOW | C.O_NONBLOCK;
 const INVENTORY_LIMIT = 5000;
 const MAX_HEADER_BYTES = 4 * 1024 * 1024;
 const MESSAGES = {
@@ -31,7 +32,7 @@ const MESSAGES = {
   INTERNAL_ERROR: 'the file helper failed',
 };
 
-class Refusal extends Error {
+export class Refusal extends Error {
   constructor(code, extra = {}, message = MESSAGES[code]) {
     super(code);
     this.answer = { ok: false, code, message, ...extra };
@@ -42,15 +43,15 @@ const integrity = (message) => new Refusal('WORKSPACE_INTEGRITY', {}, message);
 
 // Node has no openat(); resolving "<name>" under /proc/self/fd/<dirfd> gives the same semantics: the
 // directory is the one we hold open, so a parent swapped for a symlink after we checked it cannot redirect us.
-function at(dirFd, name) {
+export function at(dirFd, name) {
   const base = `/proc/self/fd/${dirFd}/`;
   return typeof name === 'string' ? base + name : Buffer.concat([Buffer.from(base), name]);
 }
-const lstatAt = (dirFd, name) => fs.lstatSync(at(dirFd, name), { throwIfNoEntry: false }) ?? null;
+export const lstatAt = (dirFd, name) => fs.lstatSync(at(dirFd, name), { throwIfNoEntry: false }) ?? null;
 const isSpecial = (st) => !st.isDirectory() && !(st.isFile() && st.nlink === 1);
 
 // Same rules as the host (defence in depth); the only message is fixed, the path is never echoed.
-function checkPath(path) {
+export function checkPath(path) {
   if (typeof path !== 'string') throw new Refusal('INVALID_REQUEST');
   const parts = path.split('/');
   if (parts.includes('..')) throw new Refusal('PATH_TRAVERSAL');
@@ -65,7 +66,7 @@ function checkPath(path) {
 
 // Opens the directory named by `parts` one component at a time. With `onMissing`, absent components are
 // created (mode 0700) after calling it, so the caller knows the workspace is being changed.
-function openDirChain(parts, onMissing) {
+export function openDirChain(parts, onMissing) {
   let fd = fs.openSync(ROOT, DIR_FLAGS);
   try {
     for (const name of parts) {
@@ -90,7 +91,8 @@ function openDirChain(parts, onMissing) {
 
 // Iterative depth-first walk, bounded by `limit` entries; false when the limit stopped it. Directories are
 // reopened by path later, so each must still have the dev/ino its lstat showed: a swap meanwhile is a race.
-function walk(start, maxDepth, limit, onEntry) {
+// `onEntry(rel, st, dirFd, name)`: the entry's path and lstat, and the directory held open that holds it.
+export function walk(start, maxDepth, limit, onEntry) {
   const stack = [{ ...start, depth: 0 }];
   let count = 0;
   try {
@@ -105,7 +107,7 @@ function walk(start, maxDepth, limit, onEntry) {
           if (child === null) continue; // removed while we walked; nothing left to check
           if (++count > limit) return false;
           const rel = dir.rel.length > 0 ? Buffer.concat([dir.rel, Buffer.from('/'), name]) : name;
-          onEntry(rel, child);
+          onEntry(rel, child, fd, name);
           if (child.isDirectory() && dir.depth < maxDepth) {
             const abs = Buffer.concat([dir.abs, Buffer.from('/'), name]);
             stack.push({ abs, rel, depth: dir.depth + 1, dev: child.dev, ino: child.ino });
@@ -123,14 +125,14 @@ function walk(start, maxDepth, limit, onEntry) {
   return true;
 }
 
-function rootStart() {
+export function rootStart() {
   const st = fs.lstatSync(ROOT);
   if (!st.isDirectory()) throw integrity();
   return { abs: Buffer.from(ROOT), rel: Buffer.alloc(0), dev: st.dev, ino: st.ino };
 }
 
 // Runs before every op: refuses a workspace that holds anything but directories and single-link files.
-function takeInventory() {
+export function takeInventory() {
   let entries = 0;
   let bytes = 0;
   const complete = walk(rootStart(), Infinity, INVENTORY_LIMIT, (_rel, st) => {
@@ -294,7 +296,7 @@ export function stdinTaker() {
   };
 }
 
-async function readExact(take, n) {
+export async function readExact(take, n) {
   const buf = Buffer.allocUnsafe(n);
   let off = 0;
   if (!(await take(n, (c) => { off += c.copy(buf, off); }))) throw new Refusal('TRANSFER_FAILED');
@@ -308,16 +310,20 @@ async function readFrame(take) {
 }
 
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);
-const hasExactKeys = (v, keys) =>
+export const hasExactKeys = (v, keys) =>
   isPlainObject(v) && Object.keys(v).length === keys.length && keys.every((k) => Object.hasOwn(v, k));
 
-function parseHeader(buf) {
-  let header;
+// A frame's JSON; anything that is not UTF-8 JSON is INVALID_REQUEST.
+export function parsedFrame(buf) {
   try {
-    header = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(buf));
+    return JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(buf));
   } catch {
     throw new Refusal('INVALID_REQUEST');
   }
+}
+
+function parseHeader(buf) {
+  const header = parsedFrame(buf);
   const files = header?.files;
   const good = hasExactKeys(header, ['files']) && Array.isArray(files) && files.length > 0 && files.length <= 10000 &&
     files.every((f) => hasExactKeys(f, ['path', 'size']) && Number.isSafeInteger(f.size) && f.size >= 0);
@@ -483,10 +489,20 @@ async function opWrite(req, take) {
   }
 }
 
-const OPS = { read: opRead, digest: opDigest, list: opList, delete: opDelete, write: opWrite, inventory: () => ({}) };
+// A snapshot's content made in an empty workspace (snapshot.mjs, loaded only then).
+async function opUnpack(req, take) {
+  const { unpackSnapshot } = await import('./snapshot.mjs');
+  return unpackSnapshot(req, take, () => { mutated = true; });
+}
+
+const OPS = {
+  read: opRead, digest: opDigest, list: opList, delete: opDelete, write: opWrite, unpack: opUnpack,
+  inventory: () => ({}),
+};
 const REQUEST_KEYS = {
   read: ['path', 'max_bytes', 'encoding'], digest: ['path'], list: ['path', 'recursive', 'max_depth', 'max_entries'],
   delete: ['paths'], inventory: [], write: ['overwrite', 'max_file_bytes', 'max_entries', 'max_total_bytes'],
+  unpack: ['max_entries', 'max_total_bytes'],
 };
 
 // Maps an fs error that escaped an op. After the inventory passed, a name changing type under us can only be
@@ -508,7 +524,8 @@ export async function fileOperation(op, req, take) {
   mutated = false;
   try {
     if (!Object.hasOwn(OPS, op) || !hasExactKeys(req, REQUEST_KEYS[op])) throw new Refusal('INVALID_REQUEST');
-    if (op === 'write') return { ok: true, ...(await opWrite(req, take)) }; // consumes stdin; takes its inventory
+    // write and unpack consume stdin and take their own inventory
+    if (op === 'write' || op === 'unpack') return { ok: true, ...(await OPS[op](req, take)) };
     const inventory = takeInventory();
     if (op === 'inventory') {
       return { ok: true, entries: inventory.entries, bytes: inventory.bytes, overflow: inventory.overflow };
@@ -523,10 +540,23 @@ export async function fileOperation(op, req, take) {
   }
 }
 
+// pack (snapshot.mjs), as fileOperation() runs the others: its answer, and the bytes that follow the answer line.
+async function packOperation(req) {
+  const umask = process.umask(0o077);
+  try {
+    const { packWorkspace } = await import('./snapshot.mjs');
+    return packWorkspace(req);
+  } catch (err) {
+    return { answer: answerForError(err) ?? { ok: false, code: 'INTERNAL_ERROR', message: MESSAGES.INTERNAL_ERROR } };
+  } finally {
+    process.umask(umask);
+  }
+}
+
 async function main() {
   const [op, text, ...rest] = process.argv.slice(2);
-  if (!Object.hasOwn(OPS, op) || typeof text !== 'string' || rest.length > 0) {
-    return new Refusal('INVALID_REQUEST').answer;
+  if (!(Object.hasOwn(OPS, op) || op === 'pack') || typeof text !== 'string' || rest.length > 0) {
+    return { answer: new Refusal('INVALID_REQUEST').answer };
   }
   const take = stdinTaker();
   let req;
@@ -535,17 +565,20 @@ async function main() {
     // size limit; a single argv string is capped at 128 KiB by the kernel.
     req = JSON.parse(text === '-' ? await readFrame(take) : text);
   } catch (err) {
-    return err instanceof Refusal ? err.answer : new Refusal('INVALID_REQUEST').answer;
+    return { answer: err instanceof Refusal ? err.answer : new Refusal('INVALID_REQUEST').answer };
   }
-  return fileOperation(op, req, take);
+  if (op === 'pack') return packOperation(req);
+  return { answer: await fileOperation(op, req, take) };
 }
 
 // Run as a program (not imported by the runner): answer once, exit 0 for every well-formed answer.
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
   main().then(
-    (result) => {
-      const failed = result.ok === false && result.code === 'INTERNAL_ERROR';
-      process.stdout.write(`${JSON.stringify(result)}\n`, () => process.exit(failed ? 1 : 0));
+    ({ answer, body }) => {
+      const failed = answer.ok === false && answer.code === 'INTERNAL_ERROR';
+      const line = Buffer.from(`${JSON.stringify(answer)}\n`);
+      const out = answer.ok && body !== undefined ? Buffer.concat([line, body]) : line;
+      process.stdout.write(out, () => process.exit(failed ? 1 : 0));
     },
     () => {
       const result = { ok: false, code: 'INTERNAL_ERROR', message: MESSAGES.INTERNAL_ERROR };

@@ -1286,6 +1286,7 @@ async function channel() {
       return null;
     }
     if (envelope.op === 'execute' && result.ok === false) return null;
+    if (envelope.op === 'unpack' && result.ok === false) return null; // the same, and its sandbox goes anyway
   }
 }
 
