@@ -4,11 +4,12 @@ each container runtime (under gVisor its sandboxes' runs are jailed: ``code_sand
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
+from pathlib import Path
 
 import anyio
 import pytest
-from code_sandbox.channel.protocol import ReadyAnswer
+from code_sandbox.channel.protocol import ReadyAnswer, SnapshotFile
 from code_sandbox.channel.transport import HelperExecs, Target, runtime_argv
 from code_sandbox.docker_engine import DockerEngine
 from code_sandbox.engine import Engine
@@ -20,9 +21,13 @@ from code_sandbox.hardening import (
     user_of,
 )
 from code_sandbox.profile import Profile
+from code_sandbox.sandbox import pool as pool_module
+from code_sandbox.sandbox import snapshots
 from code_sandbox.sandbox.execution import run_entrypoint
 from code_sandbox.sandbox.pool import CLAIM_SIGNAL, POOL_MARGIN_SECONDS
 from code_sandbox.sandbox.sessions import SessionManager
+from code_sandbox.sandbox.snapshot_content import Content
+from code_sandbox.sandbox.snapshot_store import SnapshotStore
 from code_sandbox.sandbox.workspace import write_files
 from code_sandbox.settings import Settings
 
@@ -162,3 +167,80 @@ async def test_a_one_shot_takes_a_warm_container_unclaimed_when_its_own_lifetime
         claimed = await manager.create(needed_seconds=USABLE_SECONDS)
         assert claimed.container_id == refill and counted.signals == [(refill, CLAIM_SIGNAL)]
         assert claimed.deadline == 1 + SETTINGS.max_lifetime
+
+
+class _CountedCreates(ForwardingEngine):
+    """The test's engine, counting the containers it is asked to create."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.creates = 0
+
+    def create_container(
+        self, request: ContainerRequest, *, start: bool = True, before_start: Callable[[str], None] | None = None
+    ) -> str:
+        self.creates += 1
+        return self.inner.create_container(request, start=start, before_start=before_start)
+
+
+async def test_a_refill_waits_while_refills_are_held_and_no_longer_than_the_bound(
+    engine: DockerEngine, profile: Profile, image_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore fills the container it claimed while the pool holds back its replacement, whose start would share
+    the CPU with it; the replacement starts once the hold ends, or after :data:`HOLD_SECONDS` whatever holds it."""
+    del image_id
+    counted = _CountedCreates(engine)
+    manager = SessionManager(counted, profile, SETTINGS)
+    async with running_pool(manager):
+        first_fill = counted.creates
+        async with manager.pool.refills_held():
+            held = await manager.create()
+            await anyio.sleep(1.0)  # unheld, the refill starts at once (the first test sees it within 30 s)
+            assert counted.creates == first_fill and manager.pool.warm_containers == ()
+        with anyio.fail_after(30):
+            await manager.pool.wait_for_pool()
+        assert counted.creates == first_fill + 1
+        monkeypatch.setattr(pool_module, "HOLD_SECONDS", 1.0)
+        async with manager.pool.refills_held():
+            kept_long = await manager.create()
+            with anyio.fail_after(30):
+                await manager.pool.wait_for_pool()  # within the hold: it waited 1 s, then refilled
+            assert counted.creates == first_fill + 2
+        for session in (held, kept_long):
+            assert await manager.destroy(session.id) is True
+
+
+class _SlowSnapshotRead(_CountedCreates):
+    """Counts creates, and reads a snapshot slowly: it notes how many creates there had been by its last piece."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.creates_by_last_piece: int | None = None
+
+    def read_snapshot(self, snapshot_id: str, *, max_bytes: int) -> Iterator[bytes]:
+        pieces = list(self.inner.read_snapshot(snapshot_id, max_bytes=max_bytes))
+        yield from pieces[:-1]
+        time.sleep(1.0)  # unheld, a refill starts within this
+        self.creates_by_last_piece = self.creates
+        yield pieces[-1]
+
+
+@pytest.mark.usefixtures("snapshots_removed")
+async def test_a_restore_fills_the_container_it_claimed_before_the_pool_starts_the_next(
+    engine: DockerEngine, profile: Profile, image_id: str, tmp_path: Path
+) -> None:
+    del image_id
+    slow = _SlowSnapshotRead(engine)
+    manager = SessionManager(slow, profile, SETTINGS)
+    store = SnapshotStore(slow, Settings(), profile.name, tmp_path)
+    content = Content((SnapshotFile(type="file", path="a.txt", mode=0o600, size=5),), b"hello")
+    store.save("held", content)
+    async with running_pool(manager):
+        (warm,) = manager.pool.warm_containers
+        first_fill = slow.creates
+        session, _ = await snapshots.restore(manager, store, "held")
+        assert session.container_id == warm
+        assert slow.creates_by_last_piece == first_fill  # no refill began while its content streamed
+        with anyio.fail_after(30):
+            await manager.pool.wait_for_pool()  # and one began after
+        assert await manager.destroy(session.id) is True

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -21,6 +22,8 @@ CLAIM_SIGNAL = "SIGUSR2"
 POOL_MARGIN_SECONDS = 10
 """A warm container is not handed out this close to the end of its unclaimed lifetime."""
 POOL_RETRY_SECONDS = 5.0
+HOLD_SECONDS = 10.0
+"""How long a refill waits for :meth:`WarmPool.refills_held` at most."""
 CLAIM_WAIT_SECONDS = 2.0
 """How long a create waits for the first warm container of a server just started before it starts one of its own."""
 
@@ -49,6 +52,8 @@ class WarmPool:
         """Set when the runtime allows no warm pool (gVisor): nothing will fill it."""
         self._first_fill = True  # until the first warm container is ready (or failed to get ready)
         self._waiting = 0
+        self._holds = 0
+        self._released = anyio.Event()
 
     async def wait_for_first_fill(self, wait: float = CLAIM_WAIT_SECONDS) -> None:
         """In a server just started, wait up to ``wait`` seconds for the first warm container to be ready, if it is
@@ -89,6 +94,24 @@ class WarmPool:
             return pooled.made
         return None
 
+    @contextlib.asynccontextmanager
+    async def refills_held(self) -> AsyncGenerator[None]:
+        """Hold back refills while the block runs (at most :data:`HOLD_SECONDS`): a call that moves a workspace into
+        the container it just claimed would otherwise share the CPU with the start of the one replacing it."""
+        self._holds += 1
+        try:
+            yield None
+        finally:
+            self._holds -= 1
+            if not self._holds:
+                self._released.set()
+                self._released = anyio.Event()
+
+    async def _refills_released(self) -> None:
+        with anyio.move_on_after(HOLD_SECONDS):
+            while self._holds and not self._closing:
+                await self._released.wait()
+
     async def run(self, retry_seconds: float = POOL_RETRY_SECONDS) -> None:
         """Keep ``warm_pool`` started containers ready, refilling in the background; never blocks a call.
 
@@ -110,6 +133,7 @@ class WarmPool:
                 await self.provisioner.discard(stale.made.container_id)
             try:
                 while len(self._pool) + len(self._warming) < target and not self._closing:
+                    await self._refills_released()
                     await self._add_warm_container(pool_seconds)
             except SandboxError as error:
                 logger.warning("the warm pool could not be refilled (%s); retrying", error.for_operator())

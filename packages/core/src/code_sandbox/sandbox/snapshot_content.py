@@ -68,15 +68,14 @@ class Streamed:
     pieces: Iterator[bytes]
     failure: SandboxError | None = None
     whole: bool = False
-    """Set once every piece has come and passed its checks: nothing short of that is believed."""
-    source: Iterator[bytes] | None = None
-    """What ``pieces`` reads from (the engine's answer), closed with it even if ``pieces`` never started."""
+    """Set once every piece has come and passed its checks: nothing short of that is believed (by the thread that
+    took the last piece: whatever sets it does so before that piece's iterator ends)."""
 
     def close(self) -> None:
-        for iterator in (self.pieces, self.source):
-            close = getattr(iterator, "close", None)
-            if callable(close):
-                close()
+        """Stop the pieces (and what they read from) whether or not they started."""
+        close = getattr(self.pieces, "close", None)
+        if callable(close):
+            close()
 
 
 def keepable_path(path: str) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 from code_sandbox.engine import Engine, StoredSnapshot
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_MANAGED, LABEL_PREFIX, LABEL_PROFILE, LABEL_TAG, Hardening
+from code_sandbox.sandbox.read_ahead import ReadAhead
 from code_sandbox.sandbox.snapshot_content import (
     MAGIC,
     MAX_HEADER_BYTES,
@@ -210,8 +211,10 @@ class SnapshotStore:
         if (size, files, len(entries), start + size) != (info.bytes, info.files, info.entries, info.kept):
             _close(pieces)
             raise SandboxError(ErrorCode.SNAPSHOT_INVALID, "the snapshot's content is not what its labels say")
-        streamed = Streamed(tuple(entries), size, iter(()), source=pieces)
-        streamed.pieces = self._verified(streamed, bytes(head[start:]), pieces, hasher, info)
+        streamed = Streamed(tuple(entries), size, iter(()))
+        # Read ahead from here on, by a thread that runs (and closes) the engine's answer: while the sandbox takes one
+        # piece, the next ones come.
+        streamed.pieces = ReadAhead(self._verified(streamed, bytes(head[start:]), pieces, hasher, info))
         return streamed
 
     def _verified(

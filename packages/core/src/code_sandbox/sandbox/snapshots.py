@@ -151,28 +151,30 @@ async def _filled(manager: SessionManager, content_of: Callable[[], Awaitable[St
             outcome.append(error)
 
     made: Session | None = None
-    try:
-        failure: SandboxError | None = None
-        async with anyio.create_task_group() as group:
-            group.start_soon(load)
-            try:
-                made = await manager.create()
-            except SandboxError as error:
-                failure = error
-        content = outcome[0] if outcome else SandboxError(ErrorCode.INTERNAL_ERROR, "the snapshot was not read")
-        if failure is not None:
-            raise failure
-        if isinstance(content, SandboxError):
-            raise content
-        assert made is not None  # noqa: S101 - made, or failure was raised
-        async with manager.channel(made.id) as channel:
-            await unpack(channel, content)
-    except BaseException:
-        if made is not None:  # never named to the client: it goes, whatever ended it (a cancel too)
-            await manager.fail_closed(made)
-        raise
-    finally:
-        for item in outcome:
-            if isinstance(item, Streamed):
-                item.close()
+    # The container is filled before the pool starts its replacement: both at once share the CPU.
+    async with manager.pool.refills_held():
+        try:
+            failure: SandboxError | None = None
+            async with anyio.create_task_group() as group:
+                group.start_soon(load)
+                try:
+                    made = await manager.create()
+                except SandboxError as error:
+                    failure = error
+            content = outcome[0] if outcome else SandboxError(ErrorCode.INTERNAL_ERROR, "the snapshot was not read")
+            if failure is not None:
+                raise failure
+            if isinstance(content, SandboxError):
+                raise content
+            assert made is not None  # noqa: S101 - made, or failure was raised
+            async with manager.channel(made.id) as channel:
+                await unpack(channel, content)
+        except BaseException:
+            if made is not None:  # never named to the client: it goes, whatever ended it (a cancel too)
+                await manager.fail_closed(made)
+            raise
+        finally:
+            for item in outcome:
+                if isinstance(item, Streamed):
+                    item.close()
     return made, content
