@@ -109,3 +109,21 @@ def test_a_close_while_the_source_is_blocked_lets_the_reader_end_when_the_source
     assert ahead.join(5)
     assert source.read <= 1  # it stopped at its next piece
     assert source.closed_in is not None
+
+
+def test_a_consumer_waiting_for_a_piece_in_another_thread_is_let_go_by_a_close() -> None:
+    # A cancelled restore abandons the thread that sends the pieces to the sandbox; the close that follows must not
+    # leave it waiting for a piece that the stopped reader will never queue.
+    source = _Source(100)
+    source.gate.clear()
+    ahead = ReadAhead(source, depth=2)
+    outcome: list[object] = []
+    consumer = threading.Thread(target=lambda: outcome.append(list(ahead)))
+    consumer.start()
+    time.sleep(0.2)
+    assert consumer.is_alive()
+    ahead.close()
+    consumer.join(5)
+    assert not consumer.is_alive() and outcome == [[]]
+    source.gate.set()
+    assert ahead.join(5)

@@ -16,7 +16,7 @@ DEPTH = 4
 """How many pieces may wait read and not yet taken: with the engine's pieces of at most 1 MiB, 4 MiB per reader."""
 
 _RECHECK_SECONDS = 0.1
-"""How often a reader waiting for room checks whether it was stopped."""
+"""How often a reader waiting for room, or a consumer waiting for a piece, checks whether it was stopped."""
 _END = object()
 
 
@@ -26,7 +26,8 @@ class ReadAhead(Iterator[bytes]):
     Whatever ``source`` raises is raised here, in order, after the pieces before it. ``source`` is run and closed by
     the reader thread only (a generator may not be resumed or closed from two threads). :meth:`close` stops the
     reader at its next piece and lets it close ``source``; a reader blocked inside ``source`` ends when ``source``
-    does (an engine's read is bounded by the engine's timeout).
+    does (an engine's read is bounded by the engine's timeout). A consumer waiting for a piece in another thread (an
+    abandoned call's) sees the end within :data:`_RECHECK_SECONDS` of a close, and its iteration ends unfinished.
     """
 
     def __init__(self, source: Iterator[bytes], *, depth: int = DEPTH, name: str = "code-sandbox read-ahead") -> None:
@@ -61,9 +62,14 @@ class ReadAhead(Iterator[bytes]):
         return False
 
     def __next__(self) -> bytes:
-        if self._ended:
-            raise StopIteration
-        item = self._queue.get()
+        while True:
+            if self._ended or self._stopped.is_set():  # a consumer left waiting in its own thread ends with the close
+                raise StopIteration
+            try:
+                item = self._queue.get(timeout=_RECHECK_SECONDS)
+            except queue.Empty:
+                continue
+            break
         if isinstance(item, bytes):
             return item
         self._ended = True
