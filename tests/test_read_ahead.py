@@ -10,6 +10,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 from code_sandbox.errors import ErrorCode, SandboxError
+from code_sandbox.sandbox import read_ahead
 from code_sandbox.sandbox.read_ahead import ReadAhead
 
 
@@ -127,3 +128,11 @@ def test_a_consumer_waiting_for_a_piece_in_another_thread_is_let_go_by_a_close()
     assert not consumer.is_alive() and outcome == [[]]
     source.gate.set()
     assert ahead.join(5)
+
+
+def test_a_reader_nobody_takes_from_stops_by_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(read_ahead, "IDLE_SECONDS", 0.5)
+    source = _Source(100)
+    ahead = ReadAhead(source, depth=1, name="forgotten reader")  # and never taken from nor closed
+    assert ahead.join(5)
+    assert source.read == 2 and source.closed_in == "forgotten reader"

@@ -10,7 +10,9 @@ import io
 import json
 import subprocess
 import tarfile
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -23,6 +25,7 @@ from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_TAG
 from code_sandbox.profile import Profile
 from code_sandbox.sandbox import snapshots
+from code_sandbox.sandbox.read_ahead import THREAD_NAME as READ_AHEAD_THREAD
 from code_sandbox.sandbox.service import SandboxService
 from code_sandbox.sandbox.sessions import SessionManager
 from code_sandbox.sandbox.snapshot_content import MAGIC, Content, Streamed, digest, encode
@@ -479,6 +482,36 @@ async def test_a_restore_cancelled_midway_leaves_no_sandbox_and_the_snapshot_as_
             await sandboxes.destroy(session_id)
     assert cancelled >= 2
     assert store.load(store.find("cancelled")) == GOOD
+    await _no_reader_left()
+
+
+async def _no_reader_left() -> None:
+    with anyio.fail_after(5):  # no reader of the engine's answer outlives its restore
+        while any(thread.name == READ_AHEAD_THREAD for thread in threading.enumerate()):  # noqa: ASYNC110 - no event says a thread ended
+            await anyio.sleep(0.05)
+
+
+class _SlowToAnswer(ForwardingEngine):
+    """The engine takes its time before the first piece of a snapshot's saved form."""
+
+    def read_snapshot(self, snapshot_id: str, *, max_bytes: int) -> Iterator[bytes]:
+        pieces = self.inner.read_snapshot(snapshot_id, max_bytes=max_bytes)
+        time.sleep(0.5)
+        yield from pieces
+
+
+async def test_a_restore_cancelled_while_the_snapshot_is_opened_leaves_no_reader_behind(
+    sandboxes: SessionManager, engine: DockerEngine, profile: Profile, tmp_path: Path
+) -> None:
+    # The open runs in a thread to its end whatever the cancel; what it opened (a reader thread holding the engine's
+    # answer, with more than it may queue) must still be closed, not dropped with the cancelled call.
+    slow = SnapshotStore(_SlowToAnswer(engine), Settings(), profile.name, tmp_path)
+    large = 8 * 1024 * 1024  # more pieces than the reader may hold: it waits for room, for good if nobody closes it
+    slow.save("opened", _content(SnapshotFile(type="file", path="big", mode=0o600, size=large), body=bytes(large)))
+    with anyio.move_on_after(0.2) as scope:
+        await snapshots.restore(sandboxes, slow, "opened")
+    assert scope.cancelled_caught and len(sandboxes) == 0
+    await _no_reader_left()
 
 
 async def test_a_listing_past_what_a_snapshot_may_hold_is_refused_and_the_sandbox_lives_on(

@@ -15,6 +15,10 @@ from collections.abc import Iterator
 DEPTH = 4
 """How many pieces may wait read and not yet taken: with the engine's pieces of at most 1 MiB, 4 MiB per reader."""
 
+THREAD_NAME = "code-sandbox read-ahead"
+IDLE_SECONDS = 300.0
+"""How long a reader waits for room at most: far past any transfer's own timeout (a restore's unpack gives up within
+30 s and a second per 4 MiB)."""
 _RECHECK_SECONDS = 0.1
 """How often a reader waiting for room, or a consumer waiting for a piece, checks whether it was stopped."""
 _END = object()
@@ -30,7 +34,7 @@ class ReadAhead(Iterator[bytes]):
     abandoned call's) sees the end within :data:`_RECHECK_SECONDS` of a close, and its iteration ends unfinished.
     """
 
-    def __init__(self, source: Iterator[bytes], *, depth: int = DEPTH, name: str = "code-sandbox read-ahead") -> None:
+    def __init__(self, source: Iterator[bytes], *, depth: int = DEPTH, name: str = THREAD_NAME) -> None:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._stopped = threading.Event()
         self._ended = False
@@ -52,11 +56,16 @@ class ReadAhead(Iterator[bytes]):
 
     def _put(self, item: object) -> bool:
         """Queue ``item`` once there is room; ``False`` (and nothing queued) once stopped, even while the queue stays
-        full: nobody takes from it after a close."""
+        full: nobody takes from it after a close. Nothing taken for :data:`IDLE_SECONDS` stops it too: whoever
+        should take the pieces is gone without a close."""
+        waited = 0.0
         while not self._stopped.is_set():
             try:
                 self._queue.put(item, timeout=_RECHECK_SECONDS)
             except queue.Full:
+                waited += _RECHECK_SECONDS
+                if waited >= IDLE_SECONDS:
+                    self._stopped.set()
                 continue
             return True
         return False
