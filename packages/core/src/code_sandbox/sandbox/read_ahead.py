@@ -24,6 +24,13 @@ _RECHECK_SECONDS = 0.1
 _END = object()
 
 
+def close_iterator(iterator: object) -> None:
+    """Close ``iterator`` if it can be closed (a generator, an engine's answer); a plain iterator holds nothing."""
+    close = getattr(iterator, "close", None)
+    if callable(close):
+        close()
+
+
 class ReadAhead(Iterator[bytes]):
     """The pieces of ``source``, read ahead by a daemon thread; at most ``depth`` of them wait.
 
@@ -50,9 +57,7 @@ class ReadAhead(Iterator[bytes]):
         except BaseException as error:
             self._put(error)
         finally:
-            close = getattr(source, "close", None)
-            if callable(close):
-                close()
+            close_iterator(source)
 
     def _put(self, item: object) -> bool:
         """Queue ``item`` once there is room; ``False`` (and nothing queued) once stopped, even while the queue stays

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from code_sandbox.channel.protocol import SnapshotDirectory, SnapshotEntry, SnapshotFile, UnpackHeader
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.limits import MAX_PATH_BYTES, MAX_PATH_DEPTH
+from code_sandbox.sandbox.read_ahead import close_iterator
 
 MAGIC = b"code-sandbox snapshot 1\n"
 """The first bytes of a kept snapshot: its format and version."""
@@ -73,9 +74,7 @@ class Streamed:
 
     def close(self) -> None:
         """Stop the pieces (and what they read from) whether or not they started."""
-        close = getattr(self.pieces, "close", None)
-        if callable(close):
-            close()
+        close_iterator(self.pieces)
 
 
 def keepable_path(path: str) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 from code_sandbox.engine import Engine, StoredSnapshot
 from code_sandbox.errors import ErrorCode, SandboxError
 from code_sandbox.hardening import LABEL_MANAGED, LABEL_PREFIX, LABEL_PROFILE, LABEL_TAG, Hardening
-from code_sandbox.sandbox.read_ahead import ReadAhead
+from code_sandbox.sandbox.read_ahead import ReadAhead, close_iterator
 from code_sandbox.sandbox.snapshot_content import (
     MAGIC,
     MAX_HEADER_BYTES,
@@ -100,12 +100,6 @@ def _changed() -> SandboxError:
     return SandboxError(
         ErrorCode.SNAPSHOT_INVALID, "the snapshot's content was changed outside code-sandbox; not restored"
     )
-
-
-def _close(pieces: Iterator[bytes]) -> None:
-    close = getattr(pieces, "close", None)
-    if callable(close):
-        close()
 
 
 class SnapshotStore:
@@ -202,14 +196,14 @@ class SnapshotStore:
             entries, start = parsed
             size = checked_entries(entries, max_entries=MAX_ENTRIES, max_bytes=self.max_bytes)
         except ContentError as error:
-            _close(pieces)
+            close_iterator(pieces)
             raise refused(error) from None
         except BaseException:
-            _close(pieces)
+            close_iterator(pieces)
             raise
         files = sum(1 for entry in entries if entry.type == "file")
         if (size, files, len(entries), start + size) != (info.bytes, info.files, info.entries, info.kept):
-            _close(pieces)
+            close_iterator(pieces)
             raise SandboxError(ErrorCode.SNAPSHOT_INVALID, "the snapshot's content is not what its labels say")
         streamed = Streamed(tuple(entries), size, iter(()))
         # Read ahead from here on, by a thread that runs (and closes) the engine's answer: while the sandbox takes one
@@ -240,7 +234,7 @@ class SnapshotStore:
             streamed.failure = error if error.code == ErrorCode.SNAPSHOT_INVALID else None
             raise
         finally:
-            _close(pieces)
+            close_iterator(pieces)
 
     def load(self, info: SnapshotInfo) -> Content:
         """The whole content of a sealed snapshot, checked as :meth:`open` checks it."""
