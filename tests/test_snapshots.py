@@ -79,12 +79,14 @@ def worker_snapshots(engine: DockerEngine) -> list[str]:
     )
 
 
-async def made(client: Client, *, program: str = "tree.js") -> str:
-    """A sandbox holding the tree (and its listing program) that :data:`TREE` makes."""
+async def made(client: Client, *, files: list[dict[str, str]] = TREE, program: str | None = "tree.js") -> str:
+    """A sandbox holding ``files`` (the tree's programs by default) and what ``program`` among them makes (the tree
+    and its listing program), or ``files`` alone without one."""
     session = ok(await client.call_tool("create_sandbox", {}))["session_id"]
-    ok(await client.call_tool("write_files", {"session_id": session, "files": TREE}))
-    ran = ok(await client.call_tool("run_javascript", {"session_id": session, "entrypoint": program}))
-    assert ran["exit_code"] == 0, ran["stderr"]
+    ok(await client.call_tool("write_files", {"session_id": session, "files": files}))
+    if program is not None:
+        ran = ok(await client.call_tool("run_javascript", {"session_id": session, "entrypoint": program}))
+        assert ran["exit_code"] == 0, ran["stderr"]
     return session
 
 
@@ -187,8 +189,7 @@ async def test_the_count_and_the_total_of_the_snapshots_kept_are_bounds_with_the
     half = "require('fs').writeFileSync('half.bin', Buffer.alloc(600 * 1024, 7))"
     files = [{"path": "half.js", "content": half}]
     async with connect(engine, tmp_path, snapshots_max="2", snapshots_max_total_mib="1") as client:
-        session = ok(await client.call_tool("create_sandbox", {}))["session_id"]
-        ok(await client.call_tool("write_files", {"session_id": session, "files": files}))
+        session = await made(client, files=files, program=None)
         ok(await client.call_tool("snapshot_sandbox", {"session_id": session, "name": "small-1"}))
         ok(await client.call_tool("snapshot_sandbox", {"session_id": session, "name": "small-2"}))
         third = await client.call_tool("snapshot_sandbox", {"session_id": session, "name": "small-3"})
@@ -196,9 +197,7 @@ async def test_the_count_and_the_total_of_the_snapshots_kept_are_bounds_with_the
     for stored in engine.list_snapshots(f"{LABEL_TAG}={WORKER_TAG}"):
         engine.remove_snapshot(stored.id)
     async with connect(engine, tmp_path, snapshots_max="2", snapshots_max_total_mib="1") as client:
-        session = ok(await client.call_tool("create_sandbox", {}))["session_id"]
-        ok(await client.call_tool("write_files", {"session_id": session, "files": files}))
-        ok(await client.call_tool("run_javascript", {"session_id": session, "entrypoint": "half.js"}))
+        session = await made(client, files=files, program="half.js")
         ok(await client.call_tool("snapshot_sandbox", {"session_id": session, "name": "big-1"}))
         second = await client.call_tool("snapshot_sandbox", {"session_id": session, "name": "big-2"})
         assert error_code(second) == "SNAPSHOT_LIMIT_EXCEEDED"  # the total: 2 x 600 KiB > 1 MiB
